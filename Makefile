@@ -1,0 +1,40 @@
+# One entry point. `make run` and `make test` work on a fresh machine: they create .venv, install the
+# pinned requirements, and start embedded PostgreSQL+pgvector and Valkey unless DATABASE_URL/REDIS_URL are set.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint format check migrations shell clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+run: $(STAMP)  ## run the platform on http://127.0.0.1:$${PORT:-8283}
+	$(PY) scripts/devenv.py run
+
+test: $(STAMP)  ## the whole test suite against real PostgreSQL+pgvector and Redis
+	$(PY) scripts/devenv.py test
+
+bench: $(STAMP)  ## benchmarks (prints a table, writes bench/results/)
+	$(PY) scripts/devenv.py bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+migrations: $(STAMP)  ## make new migrations after a model change
+	$(PY) scripts/devenv.py manage makemigrations
+
+shell: $(STAMP)  ## a shell with the embedded services running and their URLs exported
+	$(PY) scripts/devenv.py shell
+
+clean:
+	rm -rf $(VENV) var/test

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractUser
+from django.db import models
+
+from apps.core.actor import Role
+from apps.core.ids import ID_MAX_LENGTH, new_api_key_id, new_org_id, new_user_id
+from apps.core.models import OrgOwnedModel, TimestampedModel
+
+
+class Organization(TimestampedModel):
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_org_id, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    allow_local_sandbox = models.BooleanField(
+        default=True,
+        help_text="May custom tools run in the weaker local subprocess sandbox when Docker is absent?",
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class User(AbstractUser):
+    """Custom from the first migration, with Letta-style ids (`user-<uuid>`)."""
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_user_id, editable=False)
+    organizations = models.ManyToManyField(Organization, through="Membership", related_name="users")
+
+
+class Membership(TimestampedModel):
+    ROLE_CHOICES = [(Role.OWNER, "Owner"), (Role.ADMIN, "Admin"), (Role.MEMBER, "Member")]
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="memberships")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=ROLE_CHOICES, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "organization"], name="membership_unique_user_org")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization} ({self.role})"
+
+
+class ApiKey(OrgOwnedModel):
+    """A bearer token. Only its SHA-256 is stored (keys are 256-bit random, so a slow hash adds nothing)."""
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_api_key_id, editable=False)
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=16, help_text="The first characters of the key, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

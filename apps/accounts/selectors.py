@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from apps.accounts.models import ApiKey, Membership, Organization, User
+from apps.core.actor import Actor, Role
+from apps.core.errors import NotFound
+
+
+def organization_get(*, actor: Actor) -> Organization:
+    return Organization.objects.get(id=actor.organization_id)
+
+
+def api_key_list(*, actor: Actor):  # -> QuerySet[ApiKey]
+    return ApiKey.objects.for_actor(actor).select_related("user").order_by("-created_at")
+
+
+def membership_for(*, user: User, organization_id: str | None = None) -> Membership:
+    """The user's membership in the given organisation (or their oldest one). Raises NotFound."""
+    qs = Membership.objects.filter(user=user).select_related("organization").order_by("created_at")
+    if organization_id is not None:
+        qs = qs.filter(organization_id=organization_id)
+    membership = qs.first()
+    if membership is None:
+        raise NotFound("User has no membership in that organization")
+    return membership
+
+
+def actor_for_user(*, user: User, organization_id: str | None = None) -> Actor:
+    membership = membership_for(user=user, organization_id=organization_id)
+    return Actor(organization_id=membership.organization_id, user_id=user.id, role=Role(membership.role))
+
+
+def staff_organization_ids(*, user: User) -> list[str]:
+    """Organisations a staff user may see in the admin."""
+    return list(Membership.objects.filter(user=user).values_list("organization_id", flat=True))

@@ -1,0 +1,1 @@
+"""The browser Agent Development Environment (HTMX + Channels). No business logic."""

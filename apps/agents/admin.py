@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+
+from apps.accounts.admin_base import OrgScopedAdmin, OrgScopedInline, secret_form
+from apps.agents.models import Agent, AgentSecret, AgentTool, Conversation, Message, Run, Step
+from apps.memory.models import AgentBlock
+from apps.tools.rules import ToolRuleError, dump_tool_rules, parse_tool_rules
+
+
+class AgentAdminForm(forms.ModelForm):
+    class Meta:
+        model = Agent
+        fields = "__all__"
+
+    def clean_tool_rules(self) -> Any:
+        try:
+            return dump_tool_rules(parse_tool_rules(self.cleaned_data["tool_rules"]))
+        except ToolRuleError as exc:
+            raise ValidationError(exc.message) from exc
+
+
+class AgentBlockInline(OrgScopedInline):
+    model = AgentBlock
+    fields = ["block", "block_label"]
+    readonly_fields = ["block_label"]
+    raw_id_fields = ["block"]
+
+
+class AgentToolInline(OrgScopedInline):
+    model = AgentTool
+    raw_id_fields = ["tool"]
+
+
+class AgentSecretInline(OrgScopedInline):
+    model = AgentSecret
+    form = secret_form(AgentSecret, ("value",))
+    fields = ["key", "value", "description"]
+
+
+@admin.register(Agent)
+class AgentAdmin(OrgScopedAdmin):
+    form = AgentAdminForm
+    list_display = ["name", "id", "agent_type", "model", "enable_sleeptime", "organization", "updated_at"]
+    list_filter = ["agent_type", "enable_sleeptime", "model"]
+    search_fields = ["name", "id", "description", "tags"]
+    raw_id_fields = ["sleeptime_agent", "created_by", "last_updated_by"]
+    filter_horizontal = ["archives"]
+    inlines = [AgentBlockInline, AgentToolInline, AgentSecretInline]
+
+    def save_formset(self, request: Any, form: Any, formset: Any, change: bool) -> None:
+        instances = formset.save(commit=False)
+        for instance in instances:
+            if isinstance(instance, AgentBlock):
+                instance.block_label = instance.block.label
+            if isinstance(instance, AgentSecret):
+                instance.organization_id = form.instance.organization_id
+            instance.save()
+        for obj in formset.deleted_objects:
+            obj.delete()
+
+
+@admin.register(AgentSecret)
+class AgentSecretAdmin(OrgScopedAdmin):
+    form = secret_form(AgentSecret, ("value",))
+    list_display = ["key", "agent", "organization", "updated_at"]
+    search_fields = ["key", "agent__name"]
+    raw_id_fields = ["agent"]
+
+
+@admin.register(Conversation)
+class ConversationAdmin(OrgScopedAdmin):
+    list_display = ["id", "agent", "summary", "organization", "created_at"]
+    search_fields = ["id", "summary", "agent__name"]
+    raw_id_fields = ["agent"]
+    list_select_related = ["agent"]
+
+
+@admin.register(Message)
+class MessageAdmin(OrgScopedAdmin):
+    list_display = ["id", "role", "short_text", "agent", "sequence_id", "created_at"]
+    list_filter = ["role", "is_err"]
+    search_fields = ["id", "text", "agent__name", "otid"]
+    raw_id_fields = ["agent", "conversation", "run", "step"]
+    readonly_fields = ["sequence_id"]
+    list_select_related = ["agent"]
+
+    @admin.display(description="Text")
+    def short_text(self, obj: Message) -> str:
+        return obj.text[:80]
+
+
+@admin.register(Run)
+class RunAdmin(OrgScopedAdmin):
+    list_display = ["id", "agent", "status", "stop_reason", "created_at", "completed_at"]
+    list_filter = ["status", "stop_reason", "background"]
+    search_fields = ["id", "agent__name"]
+    raw_id_fields = ["agent", "conversation"]
+    list_select_related = ["agent"]
+
+
+@admin.register(Step)
+class StepAdmin(OrgScopedAdmin):
+    list_display = [
+        "id",
+        "agent",
+        "run",
+        "model",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_ms",
+        "status",
+        "feedback",
+    ]
+    list_filter = ["status", "stop_reason", "feedback", "model"]
+    search_fields = ["id", "agent__name", "run__id"]
+    raw_id_fields = ["agent", "run"]
+    list_select_related = ["agent"]

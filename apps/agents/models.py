@@ -1,0 +1,305 @@
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
+from django.db import models
+from django.db.models import Func, Value
+
+from apps.core.crypto import EncryptedTextField
+from apps.core.ids import (
+    ID_MAX_LENGTH,
+    new_agent_env_id,
+    new_agent_id,
+    new_conversation_id,
+    new_message_id,
+    new_run_id,
+    new_step_id,
+)
+from apps.core.models import OrgOwnedModel
+
+MESSAGE_SEQUENCE = "agents_message_sequence"
+
+
+class AgentType(models.TextChoices):
+    LETTA_V1 = "letta_v1_agent"
+    MEMGPT = "memgpt_agent"
+    MEMGPT_V2 = "memgpt_v2_agent"
+    REACT = "react_agent"
+    WORKFLOW = "workflow_agent"
+    SPLIT_THREAD = "split_thread_agent"
+    SLEEPTIME = "sleeptime_agent"
+    VOICE_CONVO = "voice_convo_agent"
+    VOICE_SLEEPTIME = "voice_sleeptime_agent"
+
+
+class StopReason(models.TextChoices):
+    END_TURN = "end_turn"
+    MAX_STEPS = "max_steps"
+    TOOL_RULE = "tool_rule"
+    REQUIRES_APPROVAL = "requires_approval"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    INVALID_TOOL_CALL = "invalid_tool_call"
+    NO_TOOL_CALL = "no_tool_call"
+    INVALID_LLM_RESPONSE = "invalid_llm_response"
+    LLM_API_ERROR = "llm_api_error"
+    MAX_TOKENS_EXCEEDED = "max_tokens_exceeded"
+    CONTEXT_WINDOW_OVERFLOW_IN_SYSTEM_PROMPT = "context_window_overflow_in_system_prompt"
+
+
+class Agent(OrgOwnedModel):
+    """A stateful agent: a row, not a process. Everything the loop needs is here or one join away."""
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_agent_id, editable=False)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    agent_type = models.CharField(max_length=32, choices=AgentType.choices, default=AgentType.LETTA_V1)
+    system = models.TextField(blank=True, default="", help_text="The system prompt.")
+
+    # LLM settings; `model` is a Letta handle such as openai/gpt-4o-mini.
+    model = models.CharField(max_length=300, blank=True, default="")
+    context_window_limit = models.PositiveIntegerField(null=True, blank=True)
+    temperature = models.FloatField(default=0.7)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    parallel_tool_calls = models.BooleanField(default=False)
+    model_settings = models.JSONField(default=dict, blank=True, help_text="Provider-specific extras.")
+
+    embedding = models.CharField(max_length=300, blank=True, default="", help_text="Embedding model handle.")
+    embedding_dim = models.PositiveIntegerField(null=True, blank=True)
+
+    tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    tool_rules = models.JSONField(default=list, blank=True)
+    message_ids = ArrayField(
+        models.CharField(max_length=ID_MAX_LENGTH),
+        default=list,
+        blank=True,
+        help_text="In-context messages of the default conversation, in order (the first is the system message).",
+    )
+
+    enable_sleeptime = models.BooleanField(default=False)
+    sleeptime_agent_frequency = models.PositiveIntegerField(default=5)
+    sleeptime_agent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="primary_agents"
+    )
+    sleeptime_turns_counter = models.PositiveIntegerField(default=0)
+    sleeptime_last_processed_message = models.CharField(max_length=ID_MAX_LENGTH, blank=True, default="")
+
+    timezone = models.CharField(max_length=64, default="UTC")
+    message_buffer_autoclear = models.BooleanField(default=False)
+    compaction_settings = models.JSONField(default=dict, blank=True)
+    hidden = models.BooleanField(default=False)
+
+    last_run_completion = models.DateTimeField(null=True, blank=True)
+    last_run_duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    last_stop_reason = models.CharField(max_length=64, choices=StopReason.choices, blank=True, default="")
+
+    blocks = models.ManyToManyField(
+        "memory.Block", through="memory.AgentBlock", related_name="agents", blank=True
+    )
+    tools = models.ManyToManyField("tools.Tool", through="AgentTool", related_name="agents", blank=True)
+    archives = models.ManyToManyField("memory.Archive", related_name="agents", blank=True)
+
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    last_updated_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            GinIndex(fields=["tags"], name="agent_tags_gin"),
+            models.Index(fields=["organization", "name"], name="agent_org_name_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class AgentTool(models.Model):
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tool_attachments")
+    tool = models.ForeignKey("tools.Tool", on_delete=models.CASCADE, related_name="agent_attachments")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "tool"], name="agent_tool_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tool_id} on {self.agent_id}"
+
+
+class AgentSecret(OrgOwnedModel):
+    """An agent's tool environment variable (Letta's `secrets`). Encrypted; never returned or exported."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ID_MAX_LENGTH, default=new_agent_env_id, editable=False
+    )
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="secrets")
+    key = models.CharField(max_length=200)
+    value = EncryptedTextField(help_text="Write-only; never shown again after saving.")
+    description = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [models.UniqueConstraint(fields=["agent", "key"], name="agent_secret_unique_key")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Conversation(OrgOwnedModel):
+    """A thread of an agent. Messages are isolated per conversation; memory blocks are shared."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ID_MAX_LENGTH, default=new_conversation_id, editable=False
+    )
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="conversations")
+    summary = models.CharField(max_length=500, blank=True, default="")
+    message_ids = ArrayField(models.CharField(max_length=ID_MAX_LENGTH), default=list, blank=True)
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return self.summary or self.id
+
+
+class Run(OrgOwnedModel):
+    class Status(models.TextChoices):
+        CREATED = "created"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_run_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="runs")
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED)
+    stop_reason = models.CharField(max_length=64, choices=StopReason.choices, blank=True, default="")
+    background = models.BooleanField(default=False)
+    callback_url = models.URLField(blank=True, default="")
+    request_config = models.JSONField(default=dict, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    total_duration_ns = models.BigIntegerField(null=True, blank=True)
+    ttft_ns = models.BigIntegerField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["agent", "status"], name="run_agent_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+
+class Step(OrgOwnedModel):
+    """One LLM call of a run and its outcome."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SUCCESS = "success"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    class Feedback(models.TextChoices):
+        POSITIVE = "positive"
+        NEGATIVE = "negative"
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_step_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="steps")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="steps")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    stop_reason = models.CharField(max_length=64, choices=StopReason.choices, blank=True, default="")
+    model = models.CharField(max_length=300, blank=True, default="")
+    model_handle = models.CharField(max_length=300, blank=True, default="")
+    model_endpoint = models.CharField(max_length=500, blank=True, default="")
+    provider_name = models.CharField(max_length=100, blank=True, default="")
+    context_window_limit = models.PositiveIntegerField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    cached_input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    feedback = models.CharField(max_length=16, choices=Feedback.choices, blank=True, default="")
+    tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    error_type = models.CharField(max_length=200, blank=True, default="")
+    error_data = models.JSONField(null=True, blank=True)
+    request_json = models.JSONField(null=True, blank=True, help_text="The exact request sent to the LLM.")
+    response_json = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Message(OrgOwnedModel):
+    """Every message ever exchanged (recall memory). Only the ids listed in the agent's or conversation's
+    `message_ids` are in the context window; the rest stay searchable."""
+
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+        APPROVAL = "approval"
+        SUMMARY = "summary"
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_message_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="messages")
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="messages"
+    )
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.JSONField(
+        default=list, blank=True, help_text="Content parts: [{type: text, text}, ...]."
+    )
+    text = models.TextField(blank=True, default="", help_text="Plain text of the content, for recall search.")
+    name = models.CharField(max_length=200, blank=True, default="")
+    tool_calls = models.JSONField(null=True, blank=True, help_text="OpenAI format: [{id, type, function}].")
+    tool_call_id = models.CharField(max_length=200, blank=True, default="")
+    tool_returns = models.JSONField(null=True, blank=True)
+    approvals = models.JSONField(null=True, blank=True)
+    approve = models.BooleanField(null=True, blank=True)
+    approval_request_id = models.CharField(max_length=200, blank=True, default="")
+    denial_reason = models.TextField(blank=True, default="")
+    otid = models.CharField(
+        max_length=200, blank=True, default="", help_text="Client-supplied id (idempotency)."
+    )
+    sender_id = models.CharField(max_length=ID_MAX_LENGTH, blank=True, default="")
+    model = models.CharField(max_length=300, blank=True, default="")
+    is_err = models.BooleanField(default=False)
+    sequence_id = models.BigIntegerField(
+        db_default=Func(Value(MESSAGE_SEQUENCE), function="nextval"),
+        unique=True,
+        editable=False,
+        help_text="Monotonic across all messages: orders history and serves as a pagination cursor.",
+    )
+
+    class Meta:
+        ordering = ["sequence_id"]
+        indexes = [
+            models.Index(fields=["agent", "conversation", "sequence_id"], name="message_agent_conv_seq_idx"),
+            models.Index(fields=["run"], name="message_run_idx"),
+            GinIndex(SearchVector("text", config="english"), name="message_text_fts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.text[:60]}"

@@ -1,0 +1,1 @@
+"""The Letta-compatible /v1 REST API: auth, views, serializers, error mapping. No business logic."""

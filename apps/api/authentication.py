@@ -1,0 +1,52 @@
+"""DRF authentication: `Authorization: Bearer <api key>` (what the Letta SDK sends) and session auth for the ADE.
+
+Both put the resolved Actor on `request.auth`, so views never work out the organisation themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from apps.accounts.errors import AuthenticationFailed
+from apps.accounts.selectors import actor_for_user
+from apps.accounts.services import api_key_authenticate
+from apps.core.errors import NotFound
+
+SESSION_ORG_KEY = "organization_id"
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, raw_key = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw_key.strip():
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <api key>'")
+        try:
+            return api_key_authenticate(raw_key=raw_key.strip())
+        except AuthenticationFailed as exc:
+            raise exceptions.AuthenticationFailed(exc.message) from exc
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
+
+
+class OrgSessionAuthentication(authentication.SessionAuthentication):
+    """Django session (the ADE); the acting organisation is the one chosen in the session."""
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        result = super().authenticate(request)
+        if result is None:
+            return None
+        user, _ = result
+        try:
+            actor = actor_for_user(user=user, organization_id=request.session.get(SESSION_ORG_KEY))
+        except NotFound as exc:
+            raise exceptions.AuthenticationFailed("You are not a member of any organization") from exc
+        return user, actor

@@ -1,0 +1,54 @@
+"""Wire shapes of the Letta API. Plain Serializers, so the wire format never moves with a model field."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class BlockOut(serializers.Serializer):
+    id = serializers.CharField()
+    label = serializers.CharField()
+    value = serializers.CharField()
+    limit = serializers.IntegerField()
+    description = serializers.CharField()
+    read_only = serializers.BooleanField()
+    is_template = serializers.BooleanField()
+    template_name = serializers.CharField(allow_blank=True)
+    hidden = serializers.BooleanField()
+    metadata = serializers.JSONField()
+    tags = serializers.ListField(child=serializers.CharField())
+    created_by_id = serializers.CharField(allow_null=True)
+    last_updated_by_id = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class BlockCreateIn(serializers.Serializer):
+    label = serializers.CharField(max_length=200)
+    value = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    limit = serializers.IntegerField(required=False, min_value=1)
+    description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    read_only = serializers.BooleanField(required=False, default=False)
+    is_template = serializers.BooleanField(required=False, default=False)
+    template_name = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    hidden = serializers.BooleanField(required=False, allow_null=True, default=False)
+    metadata = serializers.DictField(required=False, allow_null=True)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, allow_null=True)
+
+
+class BlockUpdateIn(serializers.Serializer):
+    label = serializers.CharField(max_length=200, required=False)
+    value = serializers.CharField(allow_blank=True, required=False, trim_whitespace=False)
+    limit = serializers.IntegerField(required=False, min_value=1)
+    description = serializers.CharField(required=False, allow_blank=True)
+    read_only = serializers.BooleanField(required=False)
+    is_template = serializers.BooleanField(required=False)
+    template_name = serializers.CharField(required=False, allow_blank=True)
+    hidden = serializers.BooleanField(required=False)
+    metadata = serializers.DictField(required=False)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False)
+
+
+class HealthOut(serializers.Serializer):
+    status = serializers.CharField()
+    version = serializers.CharField()

@@ -1,0 +1,4 @@
+"""Shared primitives: base models, prefixed ids, tenancy scoping, encryption, domain errors.
+
+Imports nothing from other apps.
+"""

@@ -1,0 +1,64 @@
+"""Letta-style cursor pagination: before/after are ids, limit caps the page, order is asc or desc.
+
+Cursors compare (created_at, id) in the chosen order, so `after` always moves forward and a page past
+the end is empty: the SDK's auto-pagination stops only on an empty page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Q, QuerySet
+
+from apps.core.errors import InvalidInput
+
+MAX_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class PageParams:
+    before: str | None = None
+    after: str | None = None
+    limit: int = 50
+    order: str = "desc"
+
+    @classmethod
+    def from_query(cls, params: dict[str, str] | object, *, default_limit: int = 50) -> PageParams:
+        get = params.get  # type: ignore[attr-defined]
+        order = get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise InvalidInput("order must be 'asc' or 'desc'")
+        raw_limit = get("limit")
+        try:
+            limit = default_limit if raw_limit in (None, "") else int(raw_limit)
+        except ValueError as exc:
+            raise InvalidInput("limit must be an integer") from exc
+        if limit < 1:
+            raise InvalidInput("limit must be at least 1")
+        return cls(
+            before=get("before") or None, after=get("after") or None, limit=min(limit, MAX_LIMIT), order=order
+        )
+
+
+def _cursor_filter(qs: QuerySet, cursor_id: str, *, forward: bool) -> Q | None:
+    row = qs.model.all_objects.filter(id=cursor_id).values("created_at", "id").first()  # type: ignore[attr-defined]
+    if row is None:
+        return None
+    if forward:
+        return Q(created_at__gt=row["created_at"]) | Q(created_at=row["created_at"], id__gt=row["id"])
+    return Q(created_at__lt=row["created_at"]) | Q(created_at=row["created_at"], id__lt=row["id"])
+
+
+def paginate(qs: QuerySet, page: PageParams) -> list:
+    """Apply the cursors and limit. An unknown cursor id yields an empty page rather than restarting."""
+    ascending = page.order == "asc"
+    for cursor, later in ((page.after, True), (page.before, False)):
+        if cursor is None:
+            continue
+        # "after" means later in the chosen order: newer when ascending, older when descending.
+        condition = _cursor_filter(qs, cursor, forward=later == ascending)
+        if condition is None:
+            return []
+        qs = qs.filter(condition)
+    ordering = ("created_at", "id") if ascending else ("-created_at", "-id")
+    return list(qs.order_by(*ordering)[: page.limit])

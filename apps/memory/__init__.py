@@ -1,0 +1,1 @@
+"""Core memory blocks, archival passages, and memory search."""

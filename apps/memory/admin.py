@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from apps.accounts.admin_base import OrgScopedAdmin, admin_actor
+from apps.memory import services
+from apps.memory.models import Archive, Block, BlockHistory, Passage
+
+BLOCK_EDITABLE = [
+    "label",
+    "value",
+    "limit",
+    "description",
+    "read_only",
+    "is_template",
+    "template_name",
+    "hidden",
+    "metadata",
+    "tags",
+]
+
+
+class BlockHistoryInline(admin.TabularInline):
+    model = BlockHistory
+    extra = 0
+    can_delete = False
+    fields = ["version", "actor_type", "actor_id", "value_before", "value_after", "created_at"]
+    readonly_fields = fields
+    ordering = ["-version"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Block)
+class BlockAdmin(OrgScopedAdmin):
+    """Saves go through the memory services, so admin edits are checked and recorded in block history."""
+
+    list_display = [
+        "label",
+        "id",
+        "value_size",
+        "limit",
+        "read_only",
+        "is_template",
+        "organization",
+        "updated_at",
+    ]
+    list_filter = ["read_only", "is_template", "label"]
+    search_fields = ["label", "value", "description", "id"]
+    readonly_fields = ["version", "created_by", "last_updated_by"]
+    fields = ["organization", *BLOCK_EDITABLE, "version", "created_by", "last_updated_by"]
+    inlines = [BlockHistoryInline]
+
+    @admin.display(description="Size")
+    def value_size(self, obj: Block) -> str:
+        return f"{len(obj.value)}/{obj.limit}"
+
+    def save_model(self, request: HttpRequest, obj: Block, form: Any, change: bool) -> None:
+        actor = admin_actor(request, obj.organization_id)
+        if change:
+            changed = {name: form.cleaned_data[name] for name in form.changed_data if name in BLOCK_EDITABLE}
+            if changed:
+                services.block_update(actor=actor, block_id=obj.pk, **changed)
+            return
+        fields = {name: form.cleaned_data[name] for name in BLOCK_EDITABLE}
+        created = services.block_create(actor=actor, **fields)
+        obj.pk = created.pk
+        obj._state.adding = False
+
+
+@admin.register(BlockHistory)
+class BlockHistoryAdmin(OrgScopedAdmin):
+    list_display = ["block", "version", "actor_type", "actor_id", "created_at"]
+    list_filter = ["actor_type"]
+    search_fields = ["block__id", "label", "actor_id"]
+    readonly_fields = [f.name for f in BlockHistory._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Archive)
+class ArchiveAdmin(OrgScopedAdmin):
+    list_display = [
+        "name",
+        "id",
+        "embedding",
+        "embedding_dim",
+        "vector_db_provider",
+        "organization",
+        "created_at",
+    ]
+    list_filter = ["vector_db_provider", "embedding"]
+    search_fields = ["name", "description", "id"]
+
+
+@admin.register(Passage)
+class PassageAdmin(OrgScopedAdmin):
+    list_display = ["short_text", "archive", "embedding_dim", "tags", "organization", "created_at"]
+    list_filter = ["embedding_dim"]
+    search_fields = ["text", "id"]
+    exclude = ["embedding"]
+    list_select_related = ["archive"]
+
+    @admin.display(description="Text")
+    def short_text(self, obj: Passage) -> str:
+        return obj.text[:80]

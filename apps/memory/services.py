@@ -1,0 +1,237 @@
+"""Writes to memory. Every change of a block's value goes through `_block_write`, which checks the limit,
+bumps the version with compare-and-set and records a BlockHistory row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from apps.core.actor import Actor
+from apps.core.errors import InvalidInput
+from apps.memory.errors import BlockConcurrentUpdate, BlockTooLong, DuplicateBlockLabel
+from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
+from apps.memory.selectors import block_get
+
+UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Editor:
+    """Who changes memory: a user, an agent (through its tools) or the system."""
+
+    actor_type: str  # BlockHistory.ActorType
+    actor_id: str = ""
+
+    @classmethod
+    def for_actor(cls, actor: Actor) -> Editor:
+        if actor.user_id:
+            return cls(BlockHistory.ActorType.USER, actor.user_id)
+        return cls(BlockHistory.ActorType.SYSTEM)
+
+    @classmethod
+    def agent(cls, agent_id: str) -> Editor:
+        return cls(BlockHistory.ActorType.AGENT, agent_id)
+
+
+def validate_block_fields(*, label: str, value: str, limit: int) -> None:
+    if not label or not label.strip():
+        raise InvalidInput("A block needs a non-empty label")
+    if len(label) > 200:
+        raise InvalidInput("A block label may be at most 200 characters")
+    if limit < 1:
+        raise InvalidInput("A block's limit must be a positive number of characters")
+    if len(value) > limit:
+        raise BlockTooLong(
+            f"Block '{label}' value is {len(value)} characters, over its limit of {limit}. "
+            "Shorten the value or raise the limit."
+        )
+
+
+@transaction.atomic
+def block_create(
+    *,
+    actor: Actor,
+    label: str,
+    value: str = "",
+    limit: int | None = None,
+    description: str = "",
+    read_only: bool = False,
+    is_template: bool = False,
+    template_name: str = "",
+    hidden: bool = False,
+    metadata: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+) -> Block:
+    """Create a block and its first history row. Raises BlockTooLong / InvalidInput."""
+    limit = DEFAULT_BLOCK_LIMIT if limit is None else limit
+    validate_block_fields(label=label, value=value, limit=limit)
+    block = Block.objects.for_actor(actor).create(
+        label=label,
+        value=value,
+        limit=limit,
+        description=description,
+        read_only=read_only,
+        is_template=is_template,
+        template_name=template_name,
+        hidden=hidden,
+        metadata=metadata or {},
+        tags=tags or [],
+        created_by_id=actor.user_id,
+        last_updated_by_id=actor.user_id,
+    )
+    _record_history(block, editor=Editor.for_actor(actor), value_before="")
+    return block
+
+
+@transaction.atomic
+def block_update(
+    *,
+    actor: Actor,
+    block_id: str,
+    editor: Editor | None = None,
+    expected_version: int | None = None,
+    label: str = UNSET,
+    value: str = UNSET,
+    limit: int = UNSET,
+    description: str = UNSET,
+    read_only: bool = UNSET,
+    is_template: bool = UNSET,
+    template_name: str = UNSET,
+    hidden: bool = UNSET,
+    metadata: dict[str, Any] = UNSET,
+    tags: list[str] = UNSET,
+) -> Block:
+    """Change any subset of a block's fields (UNSET = keep). Never truncates: over the limit is an error.
+
+    With `expected_version`, fails with BlockConcurrentUpdate if someone else wrote in between.
+    """
+    block = _lock_block(actor=actor, block_id=block_id)
+    if expected_version is not None and block.version != expected_version:
+        raise BlockConcurrentUpdate(
+            f"Block '{block.label}' changed since version {expected_version} (now {block.version}); reload it"
+        )
+    value_before = block.value
+    changes = {
+        name: new
+        for name, new in {
+            "label": label,
+            "value": value,
+            "limit": limit,
+            "description": description,
+            "read_only": read_only,
+            "is_template": is_template,
+            "template_name": template_name,
+            "hidden": hidden,
+            "metadata": metadata,
+            "tags": tags,
+        }.items()
+        if new is not UNSET and getattr(block, name) != new
+    }
+    if not changes:
+        return block
+    for name, new in changes.items():
+        setattr(block, name, new)
+    validate_block_fields(label=block.label, value=block.value, limit=block.limit)
+    return _block_write(
+        block,
+        changes=list(changes),
+        editor=editor or Editor.for_actor(actor),
+        value_before=value_before,
+        user_id=actor.user_id,
+    )
+
+
+def block_set_value(*, actor: Actor, block_id: str, value: str, editor: Editor) -> Block:
+    """The write behind memory tools: replace the value, keeping the limit and recording the editor."""
+    return block_update(actor=actor, block_id=block_id, value=value, editor=editor)
+
+
+@transaction.atomic
+def block_restore(*, actor: Actor, history_id: str) -> Block:
+    """Set a block back to the value it had right after the given history entry."""
+    entry = BlockHistory.objects.for_actor(actor).filter(id=history_id).first()
+    if entry is None:
+        raise InvalidInput(f"Block history entry '{history_id}' not found")
+    return block_update(actor=actor, block_id=entry.block_id, value=entry.value_after)
+
+
+@transaction.atomic
+def block_delete(*, actor: Actor, block_id: str) -> None:
+    block_get(actor=actor, block_id=block_id).delete()
+
+
+def _lock_block(*, actor: Actor, block_id: str) -> Block:
+    block_get(actor=actor, block_id=block_id)  # raises BlockNotFound with the public message
+    return Block.objects.for_actor(actor).select_for_update().get(id=block_id)
+
+
+def _block_write(
+    block: Block, *, changes: list[str], editor: Editor, value_before: str, user_id: str | None
+) -> Block:
+    """Compare-and-set on version, so a concurrent writer that skipped the row lock cannot be lost."""
+    fields = {name: getattr(block, name) for name in changes}
+    if user_id:
+        fields["last_updated_by_id"] = user_id
+    try:
+        with transaction.atomic():
+            updated = (
+                Block.objects.for_org(block.organization_id)
+                .filter(id=block.id, version=block.version)
+                .update(version=F("version") + 1, **fields)
+            )
+            if "label" in changes:
+                AgentBlock.objects.filter(block_id=block.id).update(block_label=block.label)
+    except IntegrityError as exc:
+        raise DuplicateBlockLabel(
+            f"An agent using this block already has another block labelled '{block.label}'"
+        ) from exc
+    if updated != 1:
+        raise BlockConcurrentUpdate(f"Block '{block.label}' was changed concurrently; retry")
+    block.version += 1
+    _record_history(block, editor=editor, value_before=value_before)
+    return block
+
+
+def _record_history(block: Block, *, editor: Editor, value_before: str) -> None:
+    BlockHistory.objects.for_org(block.organization_id).create(
+        block=block,
+        version=block.version,
+        actor_type=editor.actor_type,
+        actor_id=editor.actor_id,
+        label=block.label,
+        description=block.description,
+        limit=block.limit,
+        value_before=value_before,
+        value_after=block.value,
+    )
+
+
+@transaction.atomic
+def block_attach_to_agent(*, actor: Actor, agent_id: str, block: Block) -> AgentBlock:
+    """Attach; the agent must belong to the actor's organisation (the caller has fetched it scoped).
+
+    Raises DuplicateBlockLabel when the agent already has a block with this label.
+    """
+    if block.organization_id != actor.organization_id:
+        raise InvalidInput("Block not found")
+    existing = AgentBlock.objects.filter(agent_id=agent_id, block_label=block.label).first()
+    if existing is not None:
+        if existing.block_id == block.id:
+            return existing
+        raise DuplicateBlockLabel(
+            f"Agent already has a block labelled '{block.label}' ({existing.block_id}); "
+            "detach it first or use another label"
+        )
+    try:
+        with transaction.atomic():
+            return AgentBlock.objects.create(agent_id=agent_id, block=block, block_label=block.label)
+    except IntegrityError as exc:  # a concurrent attach won the race
+        raise DuplicateBlockLabel(f"Agent already has a block labelled '{block.label}'") from exc
+
+
+def block_detach_from_agent(*, agent_id: str, block_id: str) -> bool:
+    deleted, _ = AgentBlock.objects.filter(agent_id=agent_id, block_id=block_id).delete()
+    return deleted > 0

