@@ -81,6 +81,7 @@ def manage(*args: str) -> None:
 def run_platform() -> int:
     port = os.environ.get("PORT", "8283")
     manage("migrate", "--noinput")
+    manage("collectstatic", "--noinput", "--verbosity", "0")
     manage("bootstrap_platform")
     commands = {
         "web": [
@@ -153,22 +154,28 @@ def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("run", [])
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     directory = data_dir()
-    if command == "test":
-        # Tests get their own services and keys, apart from the data `make run` keeps.
-        directory = directory / "test"
+    if command in ("test", "bench"):
+        # Tests and benchmarks get their own services and keys, apart from the data `make run` keeps.
+        directory = directory / command
         directory.mkdir(exist_ok=True)
         directory.chmod(0o755)
     load_local_secrets(directory)
+    runtime_dir = directory / "run"
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime_dir))  # platformdirs (used by pgserver) wants one
     with embedded_services(directory):
         if command == "run":
             return run_platform()
         if command == "test":
             return run_tests(rest)
+        if command == "bench":
+            manage("migrate", "--noinput", "--verbosity", "0")
+            return subprocess.run([PYTHON, str(ROOT / "bench" / "run.py"), *rest], cwd=ROOT).returncode
         if command == "shell":
             return subprocess.run([os.environ.get("SHELL", "/bin/bash")], cwd=ROOT).returncode
         if command == "manage":
             return subprocess.run([PYTHON, str(ROOT / "manage.py"), *rest], cwd=ROOT).returncode
-    print(f"unknown command {command!r}; use run, test, shell or manage", file=sys.stderr)
+    print(f"unknown command {command!r}; use run, test, bench, shell or manage", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,120 @@
+"""`make run` end to end: embedded services, bootstrap, daphne + Celery, Ctrl-C, and a restart that keeps data.
+
+Runs `scripts/devenv.py run` (what `make run` calls once the virtualenv exists) as a real process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "sk-let-make-run-test-key-0001"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Inside the checkout, not pytest's tmp (mode 0700): the embedded PostgreSQL runs as its own user.
+    path = ROOT / "var" / f"make-run-{uuid.uuid4().hex[:8]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def start_platform(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY", "SECRETS_ENCRYPTION_KEY"}
+    }
+    env |= {
+        "DATA_DIR": str(data_dir),
+        "PORT": str(port),
+        "BOOTSTRAP_API_KEY": API_KEY,
+        "DJANGO_SUPERUSER_USERNAME": "root",
+        "DJANGO_SUPERUSER_PASSWORD": "a-long-password-1",
+        "WORKER_CONCURRENCY": "1",
+    }
+    log = data_dir.parent / f"{data_dir.name}.log"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "devenv.py"), "run"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/health/", timeout=2).status_code == 200:
+                return process, log
+        except httpx.HTTPError:
+            pass
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    raise AssertionError(f"platform did not answer in time:\n{log.read_text()[-3000:]}")
+
+
+def wait_for_log(log: Path, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"{text!r} never appeared:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def press_ctrl_c(process: subprocess.Popen[str]) -> int:
+    os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group
+    return process.wait(timeout=60)
+
+
+def test_make_run_serves_stops_cleanly_and_keeps_data_between_runs(data_dir):
+    port = free_port()
+    data_dir.mkdir(parents=True)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    process, log = start_platform(data_dir, port)
+    wait_for_log(log, "celery@")  # the Celery worker is up as well
+    wait_for_log(log, "ready.")
+    created = httpx.post(
+        f"http://127.0.0.1:{port}/v1/blocks/", headers=headers, json={"label": "human", "value": "Name: Sam"}
+    ).json()
+    admin_css = httpx.get(f"http://127.0.0.1:{port}/static/admin/css/base.css")
+    login = httpx.get(f"http://127.0.0.1:{port}/admin/login/")
+    first_exit = press_ctrl_c(process)
+    first_log = log.read_text()
+
+    assert created["id"].startswith("block-")
+    assert admin_css.status_code == 200
+    assert login.status_code == 200
+    assert first_exit == 0
+    assert f"API key (shown once, store it now): {API_KEY}" in first_log
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()  # PostgreSQL was stopped too
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/v1/health/", timeout=2)
+
+    process, log = start_platform(data_dir, port)
+    fetched = httpx.get(f"http://127.0.0.1:{port}/v1/blocks/{created['id']}", headers=headers)
+    second_exit = press_ctrl_c(process)
+
+    assert fetched.status_code == 200
+    assert fetched.json()["value"] == "Name: Sam"
+    assert second_exit == 0
+    assert "shown once" not in log.read_text()
