@@ -1,7 +1,9 @@
 import pytest
 
 from apps.agents.models import Agent, Message
-from apps.agents.services import BlockSpec, agent_create, agent_set_tool_rules
+from apps.agents.errors import AgentNotFound
+from apps.agents.selectors import agent_get, agent_list
+from apps.agents.services import BlockSpec, agent_create, agent_delete, agent_set_tool_rules
 from apps.core.errors import InvalidInput, NotFound
 from apps.memory.errors import BlockTooLong, DuplicateBlockLabel
 from apps.memory.models import Block
@@ -109,3 +111,28 @@ def test_message_sequence_ids_are_monotonic_across_agents(org):
     assert first.sequence_id < second.sequence_id < third.sequence_id
     assert Message.all_objects.get(id=third.id).sequence_id == third.sequence_id
     assert first.id.startswith("message-")
+
+
+def test_another_organisation_cannot_read_change_or_delete_an_agent(actor, other_org_actor):
+    agent = AgentFactory(organization_id=actor.organization_id)
+
+    with pytest.raises(AgentNotFound):
+        agent_get(actor=other_org_actor, agent_id=agent.id)
+    with pytest.raises(AgentNotFound):
+        agent_set_tool_rules(actor=other_org_actor, agent_id=agent.id, tool_rules=[])
+    with pytest.raises(AgentNotFound):
+        agent_delete(actor=other_org_actor, agent_id=agent.id)
+
+    assert agent_get(actor=actor, agent_id=agent.id).id == agent.id
+    assert [a.id for a in agent_list(actor=other_org_actor)] == []
+
+
+def test_agents_are_listed_by_tags_any_or_all(actor):
+    both = AgentFactory(organization_id=actor.organization_id, tags=["a", "b"])
+    only_a = AgentFactory(organization_id=actor.organization_id, tags=["a"])
+
+    any_of = {a.id for a in agent_list(actor=actor, tags=["a", "b"])}
+    all_of = {a.id for a in agent_list(actor=actor, tags=["a", "b"], match_all_tags=True)}
+
+    assert any_of == {both.id, only_a.id}
+    assert all_of == {both.id}
