@@ -1,0 +1,1 @@
+"""The agent loop: pure context compilation, budgeting and steps, with I/O behind ports."""

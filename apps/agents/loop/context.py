@@ -1,0 +1,262 @@
+"""Compile the system message the model sees on every call, and the OpenAI-shaped request messages.
+
+Pure (no Django, no I/O): the runner loads blocks and counts, then calls this. The layout follows
+Letta's: the instructions, then `<memory_blocks>` (each block with its size and limit so the model can
+manage it), then `<tool_usage_rules>`, then `<memory_metadata>` last. The metadata changes most often
+(counts move as messages are evicted and passages stored), so keeping it at the end leaves the longest
+stable prefix for providers' prompt caches; for the same reason the current *date* is shown, not the
+time (Letta dropped the time after it busted caches on every request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apps.memory.edits import LINE_NUMBER_WARNING, render_block_with_line_numbers
+
+__all__ = [
+    "CORE_MEMORY_PLACEHOLDER",
+    "MEMORY_BLOCKS_INTRO",
+    "NO_CORE_MEMORY_AGENT_TYPES",
+    "TOOL_RULES_INTRO",
+    "BlockSnapshot",
+    "MemoryStats",
+    "SystemSections",
+    "build_llm_messages",
+    "compile_system_message",
+    "compile_system_sections",
+    "render_memory_blocks",
+    "render_memory_metadata",
+    "render_tool_rules",
+]
+
+CORE_MEMORY_PLACEHOLDER = "{CORE_MEMORY}"
+"""Where a system prompt may ask for the memory sections to go (older Letta prompts carry it);
+without it they are appended after the prompt."""
+
+NO_CORE_MEMORY_AGENT_TYPES = frozenset({"react_agent", "workflow_agent"})
+"""Letta renders no memory blocks for these agent types (they have no memory tools)."""
+
+MEMORY_BLOCKS_INTRO = "These memory blocks make up your core memory; they are always in your context:"
+
+TOOL_RULES_INTRO = (
+    "These rules constrain which tools you may call and in what order. "
+    "Follow them on every call; one response may contain several tool calls."
+)
+
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSnapshot:
+    """One core-memory block as the prompt needs it; `limit` is in characters."""
+
+    label: str
+    description: str | None
+    value: str
+    limit: int
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """Counts about memory outside the context window, for the metadata section.
+
+    `recall_message_count` is what Letta shows: messages stored in recall but no longer in
+    context (all messages minus the in-context ones). `archival_tags` may come in any order.
+    """
+
+    last_memory_edit: datetime | None
+    recall_message_count: int
+    archival_passage_count: int
+    archival_tags: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSections:
+    """The system message in parts, so the context-window bar can count each one.
+
+    Empty strings mean "section absent". `render()` joins them exactly as the model sees them.
+    """
+
+    system_prompt: str
+    memory_blocks: str
+    tool_rules: str
+    metadata: str
+
+    def memory_text(self) -> str:
+        """Everything below the instructions: blocks, tool rules, metadata, separated by blank lines."""
+        return "\n\n".join(part for part in (self.memory_blocks, self.tool_rules, self.metadata) if part)
+
+    def render(self) -> str:
+        """The full system message; `{CORE_MEMORY}` in the prompt is replaced, else memory is appended."""
+        memory = self.memory_text()
+        if CORE_MEMORY_PLACEHOLDER in self.system_prompt:
+            return self.system_prompt.replace(CORE_MEMORY_PLACEHOLDER, memory)
+        return "\n\n".join(part for part in (self.system_prompt.rstrip(), memory) if part)
+
+
+def compile_system_sections(
+    *,
+    system_prompt: str,
+    blocks: Sequence[BlockSnapshot],
+    stats: MemoryStats,
+    tool_rules_text: str,
+    agent_type: str,
+    show_line_numbers: bool,
+    now: datetime,
+    timezone: str,
+) -> SystemSections:
+    """Render each section of the system message; see `compile_system_message`."""
+    zone = _zone(timezone)
+    if (agent_type or "").lower() in NO_CORE_MEMORY_AGENT_TYPES:
+        memory_blocks = ""
+    else:
+        memory_blocks = render_memory_blocks(blocks, show_line_numbers=show_line_numbers)
+    return SystemSections(
+        system_prompt=system_prompt,
+        memory_blocks=memory_blocks,
+        tool_rules=render_tool_rules(tool_rules_text),
+        metadata=render_memory_metadata(stats, now=now, zone=zone),
+    )
+
+
+def compile_system_message(
+    *,
+    system_prompt: str,
+    blocks: Sequence[BlockSnapshot],
+    stats: MemoryStats,
+    tool_rules_text: str,
+    agent_type: str,
+    show_line_numbers: bool,
+    now: datetime,
+    timezone: str,
+) -> str:
+    """The system message: instructions, memory blocks, tool rules, memory metadata.
+
+    Deterministic for a given input: blocks keep the given order, tags are sorted, dates are
+    formatted without the process locale. `now` and `last_memory_edit` must be timezone-aware;
+    an unknown `timezone` falls back to UTC rather than failing every step of the agent.
+    """
+    return compile_system_sections(
+        system_prompt=system_prompt,
+        blocks=blocks,
+        stats=stats,
+        tool_rules_text=tool_rules_text,
+        agent_type=agent_type,
+        show_line_numbers=show_line_numbers,
+        now=now,
+        timezone=timezone,
+    ).render()
+
+
+def build_llm_messages(
+    system_message: str, in_context: Sequence[dict[str, object]]
+) -> list[dict[str, object]]:
+    """The chat request: the fresh system message, then the in-context messages (copied, not mutated).
+
+    A leading stored system message is dropped: it is the previous compile of the same thing.
+    """
+    rest = list(in_context)
+    if rest and rest[0].get("role") == "system":
+        rest = rest[1:]
+    return [{"role": "system", "content": system_message}, *(dict(message) for message in rest)]
+
+
+def render_memory_blocks(blocks: Sequence[BlockSnapshot], *, show_line_numbers: bool) -> str:
+    """`<memory_blocks>` with one element per block, or "" when there are none."""
+    if not blocks:
+        return ""
+    rendered = "\n\n".join(_render_block(block, show_line_numbers=show_line_numbers) for block in blocks)
+    return f"<memory_blocks>\n{MEMORY_BLOCKS_INTRO}\n\n{rendered}\n</memory_blocks>"
+
+
+def render_tool_rules(tool_rules_text: str) -> str:
+    """`<tool_usage_rules>` around the rules in plain English, or "" when there are none."""
+    rules = tool_rules_text.strip()
+    if not rules:
+        return ""
+    return f"<tool_usage_rules>\n{TOOL_RULES_INTRO}\n\n{rules}\n</tool_usage_rules>"
+
+
+def render_memory_metadata(stats: MemoryStats, *, now: datetime, zone: ZoneInfo) -> str:
+    """`<memory_metadata>`: today's date, last memory edit, and what lies outside the context.
+
+    As in Letta, the recall line is always there, the archival line only when passages exist,
+    and the tag line only when tags exist. An unknown last edit is left out rather than guessed.
+    """
+    lines = ["<memory_metadata>", f"- Current date: {_long_date(_local(now, zone))}"]
+    if stats.last_memory_edit is not None:
+        lines.append(f"- Memory blocks last modified: {_timestamp(_local(stats.last_memory_edit, zone))}")
+    lines.append(
+        f"- {stats.recall_message_count} earlier messages between you and the user are no longer in "
+        "context but are kept in recall memory (search them with your tools)"
+    )
+    if stats.archival_passage_count > 0:
+        lines.append(
+            f"- {stats.archival_passage_count} memories you saved are in archival memory "
+            "(search them with your tools)"
+        )
+    tags = sorted(set(stats.archival_tags))
+    if tags:
+        lines.append(f"- Archival memory tags: {', '.join(tags)}")
+    lines.append("</memory_metadata>")
+    return "\n".join(lines)
+
+
+def _render_block(block: BlockSnapshot, *, show_line_numbers: bool) -> str:
+    parts = [f"<{block.label}>"]
+    if block.description:
+        parts.append(f"<description>\n{block.description}\n</description>")
+    metadata = ["<metadata>"]
+    if block.read_only:
+        metadata.append("- read_only=true")
+    metadata += [f"- chars_current={len(block.value)}", f"- chars_limit={block.limit}", "</metadata>"]
+    parts.append("\n".join(metadata))
+    value = block.value
+    if show_line_numbers:
+        parts.append(f"<warning>\n{LINE_NUMBER_WARNING}\n</warning>")
+        value = render_block_with_line_numbers(value)
+    parts.append(f"<value>\n{value}\n</value>" if value else "<value>\n</value>")
+    parts.append(f"</{block.label}>")
+    return "\n".join(parts)
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
+
+
+def _local(moment: datetime, zone: ZoneInfo) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError("datetimes for the system message must be timezone-aware")
+    return moment.astimezone(zone)
+
+
+def _long_date(moment: datetime) -> str:
+    """Letta's date format ("March 05, 2025"), spelled out here so the process locale cannot change it."""
+    return f"{_MONTHS[moment.month - 1]} {moment.day:02d}, {moment.year}"
+
+
+def _timestamp(moment: datetime) -> str:
+    """Letta's timestamp format ("2025-03-05 09:15:00 AM CET+0100"), with a locale-free AM/PM."""
+    meridiem = "AM" if moment.hour < 12 else "PM"
+    return f"{moment:%Y-%m-%d %I:%M:%S} {meridiem} {moment:%Z%z}"
