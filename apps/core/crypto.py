@@ -48,7 +48,9 @@ class EncryptedTextField(models.TextField):
     """A text column holding a Fernet token; Python code sees plaintext, the database never does."""
 
     def from_db_value(self, value: str | None, expression: Any, connection: Any) -> str | None:
-        return None if value is None else decrypt(value)
+        if not value:  # NULL and "" are stored as they are: there is no secret to hide
+            return value
+        return decrypt(value)
 
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str) and value.startswith(ENCRYPTED_PREFIX):
