@@ -149,6 +149,12 @@ OPENAI_API_KEY = env.str("OPENAI_API_KEY", default="")
 OPENAI_BASE_URL = env.str("OPENAI_BASE_URL", default="")
 ANTHROPIC_API_KEY = env.str("ANTHROPIC_API_KEY", default="")
 OLLAMA_BASE_URL = env.str("OLLAMA_BASE_URL", default="")
+# Our one retry policy for provider calls (apps.llm.retry): 429/5xx/timeouts, exponential backoff.
+LLM_MAX_ATTEMPTS = env.int("LLM_MAX_ATTEMPTS", default=4)
+LLM_RETRY_BASE_DELAY = env.float("LLM_RETRY_BASE_DELAY", default=1.0)
+LLM_RETRY_MAX_DELAY = env.float("LLM_RETRY_MAX_DELAY", default=20.0)
+LLM_REQUEST_TIMEOUT = env.float("LLM_REQUEST_TIMEOUT", default=120.0)
+LLM_EMBEDDING_BATCH_SIZE = env.int("LLM_EMBEDDING_BATCH_SIZE", default=100)
 
 LOGGING = {
     "version": 1,

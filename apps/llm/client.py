@@ -1,0 +1,342 @@
+"""Chat completions through litellm, blocking or streaming, behind normalized dataclasses.
+
+Client reuse: litellm caches one OpenAI SDK client per (api_key, api_base, timeout, max_retries) for an
+hour, and all of them send through one httpx.Client (`litellm.client_session`, set up in
+apps.llm._litellm, which also keeps streamed connections reusable). So we never pass `client=`, and pass
+the same `timeout` (RetryPolicy, from settings) and `max_retries=0` every time: consecutive calls to one
+target, blocking or streamed, share one keep-alive connection. Anthropic calls go through litellm's own
+module-level httpx client.
+
+Nothing but the target URL is contacted: apps.llm._litellm forces litellm offline, `api_base` and
+`api_key` are always explicit (litellm would otherwise read OPENAI_API_KEY / OPENAI_BASE_URL from the
+process environment and could send the deployment's key to an organisation's server).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from apps.llm._litellm import litellm
+from apps.llm.errors import InvalidLLMResponse
+from apps.llm.handles import ModelTarget
+from apps.llm.retry import RetryPolicy, call_with_retries
+from apps.llm.tokens import count_text_tokens, count_tokens
+
+KEYLESS_API_KEY = "no-key"
+"""Sent to keyless OpenAI-compatible servers (Ollama, a local vLLM): the SDK insists on some key, and
+an empty one would make litellm fall back to the process's OPENAI_API_KEY."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One call's input in OpenAI's chat format; None means "provider default" and is not sent."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """`arguments` is the model's JSON text, verbatim: malformed JSON is the caller's to report."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResponse:
+    """The model's answer. `raw` holds the request and response JSON for step traces (no API key).
+
+    `latency_ms` is the whole call as the caller waited for it, retries and backoff included.
+    """
+
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    model: str
+    raw: dict[str, Any] = field(repr=False)
+    latency_ms: int
+    attempts: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A piece of a streamed answer. For tool calls, the first delta of each call carries its id and
+    name (with possibly empty `text`), so a UI can show the call before its arguments arrive."""
+
+    kind: Literal["reasoning", "content", "tool_call_args"]
+    text: str
+    tool_call_index: int | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+
+def complete(target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy | None = None) -> ChatResponse:
+    """One blocking chat completion.
+
+    Raises LLMApiError (after retrying transient failures), ContextWindowExceeded, InvalidLLMResponse.
+    """
+    policy = policy or RetryPolicy.from_settings()
+    kwargs = _call_kwargs(target, request, policy=policy, stream=False)
+    started = time.monotonic()
+    response, attempts = call_with_retries(
+        lambda: litellm.completion(**kwargs), policy=policy, label=target.handle
+    )
+    return _from_completion(
+        target,
+        request,
+        _dump(response),
+        trace=_trace(kwargs),
+        latency_ms=_elapsed_ms(started),
+        attempts=attempts,
+    )
+
+
+def stream(
+    target: ModelTarget,
+    request: ChatRequest,
+    on_delta: Callable[[StreamDelta], None],
+    *,
+    policy: RetryPolicy | None = None,
+) -> ChatResponse:
+    """A streamed chat completion: `on_delta` gets each piece in order; returns the assembled answer.
+
+    A failure before the first delta is retried like `complete`; after it, the error is raised at once,
+    because a retry would send the caller's listeners the same text twice. Exceptions raised by
+    `on_delta` propagate unchanged (and close the stream).
+    """
+    policy = policy or RetryPolicy.from_settings()
+    kwargs = _call_kwargs(target, request, policy=policy, stream=True)
+    emitted = False
+
+    def attempt() -> _StreamAssembler:
+        nonlocal emitted
+        assembler = _StreamAssembler()
+        with litellm.completion(**kwargs) as chunks:
+            for chunk in chunks:
+                for delta in assembler.add(chunk):
+                    emitted = True
+                    on_delta(delta)
+        return assembler
+
+    started = time.monotonic()
+    assembler, attempts = call_with_retries(
+        attempt, policy=policy, label=target.handle, retryable=lambda: not emitted
+    )
+    return _from_completion(
+        target,
+        request,
+        assembler.completion(fallback_model=target.litellm_model),
+        trace=_trace(kwargs),
+        latency_ms=_elapsed_ms(started),
+        attempts=attempts,
+    )
+
+
+def _call_kwargs(
+    target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy, stream: bool
+) -> dict[str, Any]:
+    """litellm arguments. `drop_params` lets a provider ignore a setting it lacks (e.g. Ollama and
+    parallel_tool_calls) instead of failing the call."""
+    kwargs: dict[str, Any] = {
+        "model": target.litellm_model,
+        "messages": request.messages,
+        "api_base": target.api_base,
+        "api_key": target.api_key or KEYLESS_API_KEY,
+        "timeout": policy.timeout,
+        "max_retries": 0,
+        "num_retries": 0,
+        "drop_params": True,
+    }
+    if request.tools:
+        kwargs["tools"] = request.tools
+        if request.tool_choice is not None:
+            kwargs["tool_choice"] = request.tool_choice
+        if request.parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.temperature is not None:
+        kwargs["temperature"] = request.temperature
+    if request.max_tokens is not None:
+        kwargs["max_tokens"] = request.max_tokens
+    if stream:
+        kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}
+    return kwargs
+
+
+def _trace(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request as sent, minus credentials and our transport knobs."""
+    hidden = {"api_key", "max_retries", "num_retries", "drop_params"}
+    return {key: value for key, value in kwargs.items() if key not in hidden}
+
+
+def _dump(response: Any) -> dict[str, Any]:
+    """litellm's ModelResponse as plain JSON (what a JSONField can store)."""
+    try:
+        dumped = json.loads(response.model_dump_json())
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise InvalidLLMResponse(f"unreadable chat completion: {exc}") from exc
+    if not isinstance(dumped, dict):
+        raise InvalidLLMResponse("chat completion is not a JSON object")
+    return dumped
+
+
+def _from_completion(
+    target: ModelTarget,
+    request: ChatRequest,
+    completion: dict[str, Any],
+    *,
+    trace: dict[str, Any],
+    latency_ms: int,
+    attempts: int,
+) -> ChatResponse:
+    """Normalize an OpenAI-shaped chat completion; raises InvalidLLMResponse when it has no answer."""
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise InvalidLLMResponse(f"{target.handle}: the response has no choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise InvalidLLMResponse(f"{target.handle}: the response's first choice has no message")
+    tool_calls = [
+        _tool_call(target, index, call) for index, call in enumerate(message.get("tool_calls") or [])
+    ]
+    content = message.get("content")
+    reasoning = message.get("reasoning_content")
+    usage = completion.get("usage") or {}
+    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    completion_tokens = int(usage.get("completion_tokens") or 0)
+    if not prompt_tokens and not completion_tokens:
+        # Some OpenAI-compatible servers send no usage (or ignore stream_options): estimate instead.
+        prompt_tokens = count_tokens(target.litellm_model, request.messages, request.tools)
+        answer = (content or "") + (reasoning or "") + "".join(c.name + c.arguments for c in tool_calls)
+        completion_tokens = count_text_tokens(target.litellm_model, answer)
+    details = usage.get("completion_tokens_details") or {}
+    return ChatResponse(
+        content=content if isinstance(content, str) else None,
+        reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
+        tool_calls=tool_calls,
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+        model=str(completion.get("model") or target.litellm_model),
+        raw={"request": trace, "response": completion},
+        latency_ms=latency_ms,
+        attempts=attempts,
+    )
+
+
+def _tool_call(target: ModelTarget, index: int, call: Any) -> ToolCall:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise InvalidLLMResponse(f"{target.handle}: tool call #{index} has no function name")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = ""
+    elif not isinstance(arguments, str):
+        arguments = json.dumps(arguments)  # a few providers send an object, not a JSON string
+    # Letta pairs tool results with call ids; a few OpenAI-compatible servers omit them.
+    call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
+    return ToolCall(id=str(call_id), name=function["name"], arguments=arguments)
+
+
+def _elapsed_ms(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)
+
+
+class _StreamAssembler:
+    """Turns litellm stream chunks into StreamDeltas and, at the end, one OpenAI-shaped completion."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.model: str | None = None
+        self.id: str | None = None
+
+    def add(self, chunk: Any) -> list[StreamDelta]:
+        data = _dump(chunk)
+        self.id = self.id or data.get("id")
+        self.model = self.model or data.get("model")
+        if isinstance(data.get("usage"), dict) and data["usage"]:
+            self.usage = data["usage"]
+        deltas: list[StreamDelta] = []
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                raise InvalidLLMResponse("stream chunk choice is not an object")
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            delta = choice.get("delta") or {}
+            if reasoning := delta.get("reasoning_content"):
+                self.reasoning.append(reasoning)
+                deltas.append(StreamDelta(kind="reasoning", text=reasoning))
+            if content := delta.get("content"):
+                self.content.append(content)
+                deltas.append(StreamDelta(kind="content", text=content))
+            for position, piece in enumerate(delta.get("tool_calls") or []):
+                deltas.extend(self._tool_piece(position, piece))
+        return deltas
+
+    def _tool_piece(self, position: int, piece: dict[str, Any]) -> list[StreamDelta]:
+        index = piece.get("index")
+        index = int(index) if isinstance(index, int) else position
+        function = piece.get("function") or {}
+        state = self.calls.get(index)
+        is_new = state is None
+        if state is None:
+            state = self.calls[index] = {"id": None, "name": None, "arguments": []}
+        state["id"] = state["id"] or piece.get("id")
+        state["name"] = state["name"] or function.get("name")
+        text = function.get("arguments") or ""
+        if isinstance(text, dict):
+            text = json.dumps(text)
+        state["arguments"].append(text)
+        if not text and not is_new:
+            return []
+        return [
+            StreamDelta(
+                kind="tool_call_args",
+                text=text,
+                tool_call_index=index,
+                tool_call_id=state["id"],
+                tool_name=state["name"],
+            )
+        ]
+
+    def completion(self, *, fallback_model: str) -> dict[str, Any]:
+        """The streamed answer in the same shape as a blocking response (what `raw` stores)."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": state["id"],
+                    "type": "function",
+                    "function": {"name": state["name"], "arguments": "".join(state["arguments"])},
+                }
+                for _, state in sorted(self.calls.items())
+            ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "model": self.model or fallback_model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": self.usage,
+        }

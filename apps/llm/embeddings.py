@@ -1,0 +1,81 @@
+"""Embeddings through litellm, batched, with the same retry policy and client reuse as chat calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from apps.llm._litellm import litellm
+from apps.llm.client import KEYLESS_API_KEY
+from apps.llm.errors import InvalidLLMResponse
+from apps.llm.handles import EmbeddingTarget
+from apps.llm.retry import RetryPolicy, call_with_retries
+
+DEFAULT_BATCH_SIZE = 100
+"""Texts per request (setting LLM_EMBEDDING_BATCH_SIZE); well under OpenAI's 2048-input limit and
+small enough that one failed request re-sends little."""
+
+
+def embed(
+    target: EmbeddingTarget,
+    texts: list[str],
+    *,
+    batch_size: int | None = None,
+    policy: RetryPolicy | None = None,
+) -> list[list[float]]:
+    """One vector per text, in order; `len(texts) / batch_size` requests, none for an empty list.
+
+    Raises LLMApiError (after retries), InvalidLLMResponse when the provider returns the wrong number
+    of vectors or vectors of a size other than `target.dimension`.
+    """
+    size = batch_size or int(getattr(settings, "LLM_EMBEDDING_BATCH_SIZE", DEFAULT_BATCH_SIZE))
+    if size < 1:
+        raise ValueError("batch_size must be at least 1")
+    policy = policy or RetryPolicy.from_settings()
+    vectors: list[list[float]] = []
+    for start in range(0, len(texts), size):
+        vectors.extend(_embed_batch(target, texts[start : start + size], policy=policy))
+    return vectors
+
+
+def embedding_dimension(target: EmbeddingTarget, *, policy: RetryPolicy | None = None) -> int:
+    """The target's vector size: from the known table, else measured with one short request."""
+    if target.dimension is not None:
+        return target.dimension
+    return len(_embed_batch(target, ["dimension probe"], policy=policy or RetryPolicy.from_settings())[0])
+
+
+def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPolicy) -> list[list[float]]:
+    kwargs: dict[str, Any] = {
+        "model": target.litellm_model,
+        "input": batch,
+        "api_base": target.api_base,
+        "api_key": target.api_key or KEYLESS_API_KEY,
+        "timeout": policy.timeout,
+        "max_retries": 0,
+        "num_retries": 0,
+    }
+    response, _ = call_with_retries(lambda: litellm.embedding(**kwargs), policy=policy, label=target.handle)
+    data = getattr(response, "data", None)
+    if not isinstance(data, list) or len(data) != len(batch):
+        raise InvalidLLMResponse(
+            f"{target.handle}: expected {len(batch)} embeddings, got {len(data) if isinstance(data, list) else 'none'}"
+        )
+    ordered = sorted(data, key=lambda item: _field(item, "index") or 0)
+    vectors = [_vector(target, _field(item, "embedding")) for item in ordered]
+    return vectors
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _vector(target: EmbeddingTarget, value: Any) -> list[float]:
+    if not isinstance(value, list) or not value:
+        raise InvalidLLMResponse(f"{target.handle}: an embedding is not a list of numbers")
+    if target.dimension is not None and len(value) != target.dimension:
+        raise InvalidLLMResponse(
+            f"{target.handle}: expected {target.dimension}-dimensional embeddings, got {len(value)}"
+        )
+    return [float(x) for x in value]

@@ -1,0 +1,92 @@
+"""Fixtures for the llm app: a scripted OpenAI-compatible server, fast retries, and a network guard."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.conf import settings as django_settings
+
+from apps.accounts.models import Organization
+from apps.llm.handles import ModelTarget, resolve_model
+from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _allowed_hosts() -> set[str]:
+    """Loopback plus the database and Redis hosts (remote in CI), by name and by address."""
+    names = {
+        django_settings.DATABASES["default"].get("HOST") or "",
+        urlsplit(django_settings.REDIS_URL).hostname or "",
+    }
+    allowed = set(LOOPBACK)
+    for name in filter(None, names):
+        allowed.add(name)
+        with contextlib.suppress(OSError):
+            allowed.update(info[4][0] for info in socket.getaddrinfo(name, None))
+    return allowed
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail loudly if anything (cost map, telemetry, tokenizers) tries to reach another machine."""
+    allowed = _allowed_hosts()
+    real_connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: Any) -> Any:
+        if self.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in allowed:
+            raise AssertionError(f"network access attempted: {address!r}")
+        return real_connect(self, address)
+
+    real_lookup = socket.getaddrinfo
+
+    def lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host is not None and host not in allowed:
+            raise AssertionError(f"network name lookup attempted: {host!r}")
+        return real_lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(settings) -> None:  # type: ignore[no-untyped-def]
+    """Three attempts with millisecond backoff, so retry tests take no noticeable time."""
+    settings.LLM_MAX_ATTEMPTS = 3
+    settings.LLM_RETRY_BASE_DELAY = 0.001
+    settings.LLM_RETRY_MAX_DELAY = 0.01
+    settings.LLM_REQUEST_TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ScriptedLLMServer]:
+    with ScriptedLLMServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def llm(server: ScriptedLLMServer) -> Iterator[ScriptedLLM]:
+    client = server.client()
+    client.reset(config=True)
+    yield client
+    client.reset(config=True)
+
+
+@pytest.fixture
+def env_openai(settings, server: ScriptedLLMServer) -> None:  # type: ignore[no-untyped-def]
+    """The deployment's OPENAI_* settings point `openai/<any model>` at the scripted server."""
+    settings.OPENAI_API_KEY = "sk-env"
+    settings.OPENAI_BASE_URL = server.url
+    settings.ANTHROPIC_API_KEY = ""
+    settings.OLLAMA_BASE_URL = ""
+
+
+@pytest.fixture
+def target(env_openai: None, org: Organization) -> ModelTarget:
+    return resolve_model("openai/scripted-chat", organization_id=org.id)

@@ -1,0 +1,626 @@
+"""Chat calls driven for real through litellm and HTTP against the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.accounts.models import Organization
+from apps.llm.client import ChatRequest, ChatResponse, StreamDelta, ToolCall, complete, stream
+from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError
+from apps.llm.handles import ModelTarget, resolve_model
+from apps.llm.models import Provider
+from tests.factories import ProviderFactory
+from tests.llm.conftest import MESSAGES
+from tests.support.scripted_llm import (
+    ScriptedLLM,
+    ScriptedLLMServer,
+    context_length_exceeded,
+    error,
+    text,
+    tool_call,
+    tool_calls,
+)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "send_message",
+            "description": "Send a message to the user.",
+            "parameters": {
+                "type": "object",
+                "properties": {"message": {"type": "string"}},
+                "required": ["message"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture
+def sent_authorization(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(URL, Authorization header) of every request httpx really sends; the server log redacts keys."""
+    seen: list[tuple[str, str]] = []
+    real_send = httpx.Client.send
+
+    def spy(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        seen.append((str(request.url), request.headers.get("authorization", "")))
+        return real_send(self, request, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "send", spy)
+    return seen
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[ScriptedLLMServer]:
+    """A server of its own, so no HTTP client cached by an earlier test already points at it."""
+    with ScriptedLLMServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def canned_server() -> Iterator[Callable[[bytes], tuple[str, list[str]]]]:
+    """Servers that answer every POST with one fixed 200 JSON body; each yields its /v1 URL and hits."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(body: bytes) -> tuple[str, list[str]]:
+        hits: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet."""
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/v1", hits
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def dropping_server() -> Iterator[tuple[str, list[str]]]:
+    """Streams one content chunk, then drops the connection mid-body; yields its /v1 URL and its hits."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            hits.append(self.path)
+            chunk = {
+                "id": "chatcmpl-drop",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "scripted-chat",
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}
+                ],
+            }
+            data = f"data: {json.dumps(chunk)}\n\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet."""
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", hits
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- blocking ------------------------------------------------------------------------------------------
+
+
+def test_complete_returns_text_usage_and_trace(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(text("Hello there!", usage={"prompt_tokens": 42, "completion_tokens": 7}))
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (response.content, response.reasoning, response.tool_calls) == ("Hello there!", None, [])
+    assert (response.finish_reason, response.model, response.attempts) == ("stop", "scripted-chat", 1)
+    assert (response.prompt_tokens, response.completion_tokens, response.reasoning_tokens) == (42, 7, 0)
+    assert response.latency_ms >= 0
+    assert response.raw["request"] == {
+        "model": "openai/scripted-chat",
+        "messages": MESSAGES,
+        "api_base": target.api_base,
+        "timeout": 10.0,
+    }
+    assert response.raw["response"]["choices"][0]["message"]["content"] == "Hello there!"
+    assert json.loads(json.dumps(response.raw)) == response.raw
+
+
+def test_request_settings_reach_the_server(target: ModelTarget, llm: ScriptedLLM) -> None:
+    request = ChatRequest(
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0.2,
+        max_tokens=50,
+        parallel_tool_calls=True,
+    )
+
+    complete(target, request)
+
+    body = llm.last_chat_request()
+    assert body["model"] == "scripted-chat"
+    assert body["messages"] == MESSAGES
+    assert body["tools"] == TOOLS
+    assert (body["tool_choice"], body["temperature"], body["max_tokens"]) == ("required", 0.2, 50)
+    assert body["parallel_tool_calls"] is True
+    assert "stream" not in body
+
+
+def test_unset_request_settings_are_not_sent(target: ModelTarget, llm: ScriptedLLM) -> None:
+    complete(target, ChatRequest(messages=MESSAGES, parallel_tool_calls=True))
+
+    body = llm.last_chat_request()
+    assert sorted(body) == ["messages", "model"]
+
+
+def test_complete_returns_reasoning(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(
+        text(
+            "Hi!",
+            reasoning="The user greeted me.",
+            usage={"prompt_tokens": 10, "completion_tokens": 20, "reasoning_tokens": 12},
+        )
+    )
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (response.content, response.reasoning) == ("Hi!", "The user greeted me.")
+    assert response.reasoning_tokens == 12
+
+
+def test_complete_returns_parallel_tool_calls(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(
+        tool_calls(
+            tool_call("send_message", {"message": "Hi!"}, id="call_a"),
+            tool_call("archival_memory_search", {"query": "hiking"}, id="call_b"),
+        )
+    )
+
+    response = complete(target, ChatRequest(messages=MESSAGES, tools=TOOLS, parallel_tool_calls=True))
+
+    assert response.tool_calls == [
+        ToolCall(id="call_a", name="send_message", arguments='{"message": "Hi!"}'),
+        ToolCall(id="call_b", name="archival_memory_search", arguments='{"query": "hiking"}'),
+    ]
+    assert (response.content, response.finish_reason) == (None, "tool_calls")
+
+
+def test_malformed_tool_arguments_are_kept_verbatim(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(tool_calls(tool_call("send_message", '{"message": "unterminated', id="call_x")))
+
+    response = complete(target, ChatRequest(messages=MESSAGES, tools=TOOLS))
+
+    assert response.tool_calls == [
+        ToolCall(id="call_x", name="send_message", arguments='{"message": "unterminated')
+    ]
+
+
+# -- streaming -----------------------------------------------------------------------------------------
+
+
+def test_stream_emits_reasoning_then_content_in_order(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(
+        text(
+            "one two three",
+            reasoning="thinking hard now",
+            usage={"prompt_tokens": 11, "completion_tokens": 5},
+        )
+    )
+    deltas: list[StreamDelta] = []
+
+    response = stream(target, ChatRequest(messages=MESSAGES), deltas.append)
+
+    assert [(d.kind, d.text) for d in deltas] == [
+        ("reasoning", "thinking"),
+        ("reasoning", " hard"),
+        ("reasoning", " now"),
+        ("content", "one"),
+        ("content", " two"),
+        ("content", " three"),
+    ]
+    assert (response.content, response.reasoning, response.tool_calls) == (
+        "one two three",
+        "thinking hard now",
+        [],
+    )
+    assert (response.finish_reason, response.prompt_tokens, response.completion_tokens) == ("stop", 11, 5)
+    assert response.raw["request"]["stream"] is True
+    assert response.raw["response"]["choices"][0]["message"]["content"] == "one two three"
+    assert llm.last_chat_request()["stream_options"] == {"include_usage": True}
+
+
+def test_stream_emits_tool_call_argument_deltas_and_assembles_parallel_calls(
+    target: ModelTarget, llm: ScriptedLLM
+) -> None:
+    args_a = json.dumps({"message": "A fairly long message so the arguments arrive in pieces"})
+    llm.push(
+        tool_calls(
+            tool_call("send_message", args_a, id="call_a"),
+            tool_call("conversation_search", {"query": "tea"}, id="call_b"),
+        )
+    )
+    deltas: list[StreamDelta] = []
+
+    response = stream(target, ChatRequest(messages=MESSAGES, tools=TOOLS), deltas.append)
+
+    assert deltas[0] == StreamDelta(
+        kind="tool_call_args", text="", tool_call_index=0, tool_call_id="call_a", tool_name="send_message"
+    )
+    assert {d.kind for d in deltas} == {"tool_call_args"}
+    assert [d.tool_call_index for d in deltas] == sorted(d.tool_call_index for d in deltas)  # type: ignore[type-var]
+    first = [d for d in deltas if d.tool_call_index == 0]
+    second = [d for d in deltas if d.tool_call_index == 1]
+    assert len(first) >= 3
+    assert "".join(d.text for d in first) == args_a
+    assert "".join(d.text for d in second) == '{"query": "tea"}'
+    assert {(d.tool_call_id, d.tool_name) for d in second} == {("call_b", "conversation_search")}
+    assert response.tool_calls == [
+        ToolCall(id="call_a", name="send_message", arguments=args_a),
+        ToolCall(id="call_b", name="conversation_search", arguments='{"query": "tea"}'),
+    ]
+    assert response.finish_reason == "tool_calls"
+
+
+def test_stream_failure_before_the_first_delta_is_retried(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(error(503, "warming up"), text("ready now"))
+    deltas: list[StreamDelta] = []
+
+    response = stream(target, ChatRequest(messages=MESSAGES), deltas.append)
+
+    assert [d.text for d in deltas] == ["ready", " now"]
+    assert (response.content, response.attempts) == ("ready now", 2)
+    assert len(llm.chat_requests()) == 2
+
+
+def test_stream_failure_after_a_delta_is_not_retried(
+    settings, org: Organization, dropping_server: tuple[str, list[str]]
+) -> None:  # type: ignore[no-untyped-def]
+    url, hits = dropping_server
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+    deltas: list[StreamDelta] = []
+
+    with pytest.raises(LLMApiError) as info:
+        stream(target, ChatRequest(messages=MESSAGES), deltas.append)
+
+    assert deltas == [StreamDelta(kind="content", text="Hel")]
+    assert (info.value.status, info.value.attempts) == (None, 1)
+    assert hits == ["/v1/chat/completions"]
+
+
+def test_exception_in_on_delta_propagates_unchanged(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(text("one two three"))
+
+    def explode(delta: StreamDelta) -> None:
+        raise KeyError("listener broke")
+
+    with pytest.raises(KeyError, match="listener broke"):
+        stream(target, ChatRequest(messages=MESSAGES), explode)
+
+    assert len(llm.chat_requests()) == 1
+
+
+# -- retries and errors --------------------------------------------------------------------------------
+
+
+def test_500_then_success_is_retried(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(error(500, "upstream exploded"), text("recovered"))
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (response.content, response.attempts) == ("recovered", 2)
+    assert len(llm.chat_requests()) == 2
+
+
+def test_429_then_success_is_retried(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(error(429, "slow down", code="rate_limit_exceeded"), text("recovered"))
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (response.content, response.attempts) == ("recovered", 2)
+    assert len(llm.chat_requests()) == 2
+
+
+def test_retry_after_header_replaces_the_backoff(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+    settings.LLM_RETRY_BASE_DELAY = 30.0
+    settings.LLM_RETRY_MAX_DELAY = 60.0
+    llm.push(error(429, "slow down", headers={"retry-after-ms": "20"}), text("recovered"))
+    started = time.monotonic()
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert response.content == "recovered"
+    assert time.monotonic() - started < 5
+
+
+def test_persistent_500_raises_llm_api_error_after_max_attempts(
+    target: ModelTarget, llm: ScriptedLLM
+) -> None:
+    llm.push(error(500, "upstream exploded", persist=True))
+
+    with pytest.raises(LLMApiError) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (info.value.status, info.value.provider_message, info.value.attempts) == (
+        500,
+        "upstream exploded",
+        3,
+    )
+    assert info.value.code == "llm_api_error"
+    assert len(llm.chat_requests()) == 3
+
+
+def test_max_attempts_setting_counts_every_request(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+    settings.LLM_MAX_ATTEMPTS = 5
+    llm.push(error(502, "bad gateway", persist=True))
+
+    with pytest.raises(LLMApiError) as info:
+        stream(target, ChatRequest(messages=MESSAGES), lambda delta: None)
+
+    assert (info.value.status, info.value.attempts) == (502, 5)
+    assert len(llm.chat_requests()) == 5
+
+
+def test_bad_request_is_not_retried(target: ModelTarget, llm: ScriptedLLM) -> None:
+    llm.push(error(400, "bad tool schema"))
+
+    with pytest.raises(LLMApiError) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (info.value.status, info.value.provider_message, info.value.attempts) == (
+        400,
+        "bad tool schema",
+        1,
+    )
+    assert len(llm.chat_requests()) == 1
+
+
+def test_context_length_exceeded_raises_context_window_exceeded(
+    target: ModelTarget, llm: ScriptedLLM
+) -> None:
+    llm.push(context_length_exceeded(max_tokens=8192, requested=9000))
+
+    with pytest.raises(ContextWindowExceeded) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert info.value.code == "context_window_exceeded"
+    assert info.value.provider_message == (
+        "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. "
+        "Please reduce the length of the messages."
+    )
+    assert len(llm.chat_requests()) == 1
+
+
+def test_timeout_is_retried(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+    settings.LLM_REQUEST_TIMEOUT = 0.3
+    llm.push(text("too slow", latency=1.0), text("in time"))
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (response.content, response.attempts) == ("in time", 2)
+    assert len(llm.chat_requests()) == 2
+
+
+def test_connection_refused_raises_after_max_attempts(settings, org: Organization) -> None:  # type: ignore[no-untyped-def]
+    settings.OPENAI_BASE_URL = f"http://127.0.0.1:{_closed_port()}/v1"
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    with pytest.raises(LLMApiError) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert (info.value.status, info.value.attempts) == (None, 3)
+
+
+def test_unreadable_response_raises_invalid_llm_response_without_retry(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    canned_server: Callable[[bytes], tuple[str, list[str]]],
+) -> None:
+    url, hits = canned_server(b"this is not json")
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    with pytest.raises(InvalidLLMResponse):
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert hits == ["/v1/chat/completions"]
+
+
+def test_response_without_choices_raises_invalid_llm_response(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    canned_server: Callable[[bytes], tuple[str, list[str]]],
+) -> None:
+    body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
+    url, hits = canned_server(json.dumps(body).encode())
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    with pytest.raises(InvalidLLMResponse) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert str(info.value) == "openai/scripted-chat: the response has no choices"
+    assert hits == ["/v1/chat/completions"]
+
+
+def test_missing_usage_is_estimated(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    canned_server: Callable[[bytes], tuple[str, list[str]]],
+) -> None:
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "local-model",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hello world"}, "finish_reason": "stop"}
+        ],
+    }
+    url, _ = canned_server(json.dumps(body).encode())
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/local-model", organization_id=org.id)
+
+    response = complete(target, ChatRequest(messages=[{"role": "user", "content": "hello world"}]))
+
+    assert (response.content, response.prompt_tokens, response.completion_tokens) == ("hello world", 9, 2)
+
+
+# -- credentials and client reuse ----------------------------------------------------------------------
+
+
+def test_org_provider_credentials_reach_their_server_not_the_environments(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    llm: ScriptedLLM,
+    fresh_server: ScriptedLLMServer,
+    sent_authorization: list[tuple[str, str]],
+) -> None:
+    settings.OPENAI_API_KEY = "sk-env"
+    settings.OPENAI_BASE_URL = llm.url
+    ProviderFactory(organization=org, name="openai", api_key="sk-org", base_url=fresh_server.url)
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    complete(target, ChatRequest(messages=MESSAGES))
+
+    assert len(fresh_server.client().chat_requests()) == 1
+    assert llm.chat_requests() == []
+    assert sent_authorization == [(fresh_server.url + "/chat/completions", "Bearer sk-org")]
+
+
+def test_keyless_server_never_gets_the_process_openai_key(
+    settings,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    org: Organization,
+    llm: ScriptedLLM,
+    sent_authorization: list[tuple[str, str]],
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-process-secret")
+    settings.OPENAI_API_KEY = ""
+    settings.OPENAI_BASE_URL = llm.url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    complete(target, ChatRequest(messages=MESSAGES))
+
+    assert sent_authorization == [(llm.url + "/chat/completions", "Bearer no-key")]
+
+
+def test_keyless_org_provider_never_gets_the_environment_key(
+    settings,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    org: Organization,
+    fresh_server: ScriptedLLMServer,
+    sent_authorization: list[tuple[str, str]],
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-process-secret")
+    settings.OPENAI_API_KEY = "sk-env-secret"
+    ProviderFactory(
+        organization=org,
+        name="local",
+        provider_type=Provider.Type.OPENAI_COMPATIBLE,
+        base_url=fresh_server.url,
+        api_key="",
+    )
+    target = resolve_model("local/qwen", organization_id=org.id)
+
+    complete(target, ChatRequest(messages=MESSAGES))
+
+    assert sent_authorization == [(fresh_server.url + "/chat/completions", "Bearer no-key")]
+
+
+def test_org_compatible_provider_is_called_at_its_base_url(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    fresh_server: ScriptedLLMServer,
+) -> None:
+    settings.OPENAI_BASE_URL = ""
+    ProviderFactory(
+        organization=org,
+        name="vllm",
+        provider_type=Provider.Type.OPENAI_COMPATIBLE,
+        base_url=fresh_server.url,
+        api_key="sk-vllm",
+    )
+    fresh_server.client().push(text("from vllm"))
+    target = resolve_model("vllm/Qwen/Qwen2.5-7B-Instruct", organization_id=org.id)
+
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert response.content == "from vllm"
+    assert fresh_server.client().last_chat_request()["model"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_consecutive_calls_reuse_one_connection(
+    settings,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    org: Organization,
+    fresh_server: ScriptedLLMServer,
+) -> None:
+    settings.OPENAI_BASE_URL = fresh_server.url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+    connects: list[Any] = []
+    guarded_connect = socket.socket.connect
+
+    def counting(self: socket.socket, address: Any) -> Any:
+        if address == ("127.0.0.1", fresh_server.port):
+            connects.append(address)
+        return guarded_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", counting)
+
+    complete(target, ChatRequest(messages=MESSAGES))
+    stream(target, ChatRequest(messages=MESSAGES), lambda delta: None)
+    complete(target, ChatRequest(messages=MESSAGES))
+
+    assert len(connects) == 1
+    assert len(fresh_server.client().chat_requests()) == 3
+
+
+def test_response_is_a_chat_response(target: ModelTarget, llm: ScriptedLLM) -> None:
+    response = complete(target, ChatRequest(messages=MESSAGES))
+
+    assert isinstance(response, ChatResponse)
+    assert response.content == "OK"
