@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.contrib.postgres.search import SearchVector
 from django.db import models
-from django.db.models import Func, Value
+from django.db.models import Func, Q, Value
+from pgvector.django import HnswIndex, VectorField
 
 from apps.core.crypto import EncryptedTextField
 from apps.core.ids import (
@@ -17,6 +18,7 @@ from apps.core.ids import (
     new_step_id,
 )
 from apps.core.models import OrgOwnedModel
+from apps.memory.models import INDEXED_HALFVEC_DIMENSIONS, INDEXED_VECTOR_DIMENSIONS, vector_index_expression
 
 MESSAGE_SEQUENCE = "agents_message_sequence"
 
@@ -292,13 +294,44 @@ class Message(OrgOwnedModel):
         editable=False,
         help_text="Monotonic across all messages: orders history and serves as a pagination cursor.",
     )
+    # Recall's semantic half, filled after the fact by apps.agents.recall.embed_messages (NULL until then,
+    # or for good when the agent has no embedding model): same layout as Passage.embedding.
+    embedding = VectorField(null=True, blank=True)
+    embedding_dim = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["sequence_id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(embedding__isnull=True, embedding_dim__isnull=True)
+                | Q(embedding__isnull=False, embedding_dim__isnull=False),
+                name="message_embedding_has_dim",
+            )
+        ]
         indexes = [
             models.Index(fields=["agent", "conversation", "sequence_id"], name="message_agent_conv_seq_idx"),
             models.Index(fields=["run"], name="message_run_idx"),
             GinIndex(SearchVector("text", config="english"), name="message_text_fts"),
+            *[
+                HnswIndex(
+                    OpClass(vector_index_expression(dim), name="vector_cosine_ops"),
+                    name=f"message_emb_{dim}_hnsw",
+                    condition=Q(embedding_dim=dim),
+                    m=16,
+                    ef_construction=64,
+                )
+                for dim in INDEXED_VECTOR_DIMENSIONS
+            ],
+            *[
+                HnswIndex(
+                    OpClass(vector_index_expression(dim), name="halfvec_cosine_ops"),
+                    name=f"message_emb_{dim}_hnsw",
+                    condition=Q(embedding_dim=dim),
+                    m=16,
+                    ef_construction=64,
+                )
+                for dim in INDEXED_HALFVEC_DIMENSIONS
+            ],
         ]
 
     def __str__(self) -> str:

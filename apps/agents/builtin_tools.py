@@ -1,0 +1,326 @@
+"""Letta's built-in tools, executed in-process for one agent (they read and write the agent's own memory).
+
+Every failure the model can act on (an unknown block label, a read-only block, an edit over the limit,
+a missing/unknown/mistyped argument, no embedding model, a provider failure) comes back as an error
+`ToolResult` whose text tells the model what to do; nothing is truncated and nothing half-written.
+Programming errors still raise: the loop records those as failed steps rather than showing them to the
+model as its own mistake.
+
+Arguments are checked against the tool's JSON schema (apps.tools.builtin), the same one the model saw.
+Memory edits use the pure rules in apps.memory.edits and write through the memory services with
+`Editor.agent`, so block history names the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+
+from apps.agents import recall
+from apps.agents.models import Agent
+from apps.core.errors import DomainError
+from apps.memory import archival, edits
+from apps.memory import services as memory_services
+from apps.memory.edits import BlockView, MemoryEditError
+from apps.memory.errors import BlockConcurrentUpdate
+from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block
+from apps.memory.services import Editor
+from apps.tools.builtin import builtin_definition
+from apps.tools.execution import ToolContext, ToolResult
+
+SEND_MESSAGE_RESULT = "Sent message successfully."
+EDIT_CONFIRMATION = (
+    "The core memory block with label `{label}` has been edited. Review the changes and make sure they "
+    "are as expected (correct indentation, no duplicate lines, etc). Edit the memory block again if necessary."
+)
+EDIT_ATTEMPTS = 3
+"""A block edited concurrently (a sleeptime agent, a person in the ADE) is re-read and the edit re-applied
+to its new value, at most this many times, instead of overwriting the other writer."""
+IGNORED_ARGUMENTS = frozenset({"request_heartbeat"})
+"""Loop-control arguments of legacy (MemGPT) schemas: the loop reads them, tools never see them."""
+
+
+class ToolArgumentError(DomainError):
+    """The model's arguments do not fit the tool's schema."""
+
+    code = "tool_argument_error"
+
+
+Handler = Callable[[dict[str, Any], ToolContext, Agent], ToolResult]
+
+
+def execute_builtin(
+    name: str, arguments: dict[str, Any] | None, ctx: ToolContext, *, agent: Agent
+) -> ToolResult:
+    """Run built-in tool `name` for `agent`; domain failures become `ToolResult.error` for the model."""
+    handler = _HANDLERS.get(name)
+    if handler is None:
+        return ToolResult.error(
+            f"Unknown built-in tool '{name}'. Built-in tools are: {', '.join(sorted(_HANDLERS))}."
+        )
+    try:
+        return handler(validate_arguments(name, arguments), ctx, agent)
+    except DomainError as exc:
+        return ToolResult.error(exc.message)
+
+
+def validate_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """Check arguments against the tool's schema: unknown, missing and mistyped ones are errors.
+
+    A null optional argument counts as omitted. Integers may come as digit strings (models quote
+    numbers). Raises ToolArgumentError with a message naming the tool's parameters.
+    """
+    parameters = builtin_definition(name)["json_schema"]["parameters"]
+    properties: dict[str, dict[str, Any]] = parameters.get("properties", {})
+    expected = ", ".join(properties) or "none"
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ToolArgumentError(
+            f"{name} takes its arguments as a JSON object, got {type(arguments).__name__}. "
+            f"Its parameters are: {expected}."
+        )
+    unknown = sorted(set(arguments) - set(properties) - IGNORED_ARGUMENTS)
+    if unknown:
+        raise ToolArgumentError(
+            f"{name} got unexpected argument(s): {', '.join(unknown)}. Its parameters are: {expected}."
+        )
+    missing = [key for key in parameters.get("required", []) if arguments.get(key) is None]
+    if missing:
+        raise ToolArgumentError(f"{name} is missing required argument(s): {', '.join(missing)}.")
+    return {
+        key: _coerce(name, key, properties[key], value)
+        for key, value in arguments.items()
+        if key in properties and value is not None
+    }
+
+
+def _coerce(tool: str, key: str, schema: dict[str, Any], value: Any) -> Any:
+    kind = schema.get("type")
+    where = f"{tool}: argument '{key}'"
+    if kind == "string":
+        if not isinstance(value, str):
+            raise ToolArgumentError(f"{where} must be a string, got {type(value).__name__}.")
+        if "enum" in schema and value not in schema["enum"]:
+            raise ToolArgumentError(f"{where} must be one of {', '.join(schema['enum'])}, got {value!r}.")
+        return value
+    if kind == "integer":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value)
+        raise ToolArgumentError(f"{where} must be an integer, got {value!r}.")
+    if kind == "array":
+        if not isinstance(value, list):
+            raise ToolArgumentError(f'{where} must be a list, e.g. ["a", "b"], got {type(value).__name__}.')
+        return [_coerce(tool, f"{key}[{i}]", schema.get("items", {}), item) for i, item in enumerate(value)]
+    return value
+
+
+def _send_message(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    """The loop shows the `message` argument as the assistant message; the tool only confirms."""
+    return ToolResult.ok(SEND_MESSAGE_RESULT)
+
+
+def _conversation_search(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    results = recall.conversation_search(
+        actor=ctx.actor,
+        agent_id=agent.id,
+        conversation_id=ctx.conversation_id,
+        query=args.get("query"),
+        roles=args.get("roles"),
+        limit=args.get("limit"),
+        start_date=args.get("start_date"),
+        end_date=args.get("end_date"),
+    )
+    if not results:
+        return ToolResult.ok(json.dumps({"message": "No results found.", "results": []}))
+    return ToolResult.ok(
+        json.dumps({"message": f"Showing {len(results)} results:", "results": results}, ensure_ascii=False)
+    )
+
+
+def _archival_memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    """Stores one passage; memory_changed because the system message shows the archival count and tags."""
+    archive = archival.agent_archive(
+        actor=ctx.actor,
+        agent_id=agent.id,
+        embedding_handle=agent.embedding,
+        embedding_dim=agent.embedding_dim,
+    )
+    archival.passage_insert(
+        actor=ctx.actor,
+        archive=archive,
+        texts=[args["content"]],
+        tags=args.get("tags"),
+        embedding_handle=archive.embedding or agent.embedding,
+    )
+    return ToolResult.ok(None, memory_changed=True)
+
+
+def _archival_memory_search(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    if not agent.embedding.strip():
+        raise archival.EmbeddingModelMissing(archival.ARCHIVAL_NEEDS_EMBEDDING)
+    zone = recall.agent_zone(agent.timezone)
+    start = recall.parse_time_bound(args.get("start_datetime"), zone=zone, end=False, name="start_datetime")
+    end = recall.parse_time_bound(args.get("end_datetime"), zone=zone, end=True, name="end_datetime")
+    archives = list(archival.agent_archives(actor=ctx.actor, agent_id=agent.id))
+    if not archives:
+        return ToolResult.ok("[]")
+    hits = archival.passage_search(
+        actor=ctx.actor,
+        archive_ids=[archive.id for archive in archives],
+        query=args["query"],
+        embedding_handle=archives[0].embedding or agent.embedding,
+        tags=args.get("tags"),
+        tag_match_mode=args.get("tag_match_mode", "any"),
+        top_k=args.get("top_k", archival.DEFAULT_TOP_K),
+        start=start,
+        end=end,
+    )
+    results = [
+        {
+            "id": passage.id,
+            "timestamp": passage.created_at.astimezone(zone).isoformat(timespec="seconds"),
+            "content": passage.text,
+            "tags": passage.tags,
+        }
+        for passage, _distance in hits
+    ]
+    return ToolResult.ok(json.dumps(results, ensure_ascii=False))
+
+
+def _core_memory_append(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    block, changed = _edit_block(
+        ctx, agent, args["label"], lambda view: edits.core_memory_append(view, args["content"])
+    )
+    return ToolResult.ok(block.value, memory_changed=changed)
+
+
+def _core_memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    block, changed = _edit_block(
+        ctx,
+        agent,
+        args["label"],
+        lambda view: edits.core_memory_replace(view, args["old_content"], args["new_content"]),
+    )
+    return ToolResult.ok(block.value, memory_changed=changed)
+
+
+def _memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    block, changed = _edit_block(
+        ctx,
+        agent,
+        args["label"],
+        lambda view: edits.memory_replace(view, args["old_string"], args["new_string"]),
+    )
+    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+
+
+def _memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    block, changed = _edit_block(
+        ctx,
+        agent,
+        args["label"],
+        lambda view: edits.memory_insert(view, args["new_string"], args.get("insert_line", -1)),
+    )
+    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+
+
+def _memory_rethink(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    label, new_memory = args["label"], args["new_memory"]
+    if _attachment(ctx, agent, label) is None:
+        block = _create_block(ctx, agent, label, new_memory)
+        return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=True)
+    block, changed = _edit_block(ctx, agent, label, lambda view: edits.memory_rethink(view, new_memory))
+    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+
+
+def _memory_finish_edits(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    return ToolResult.ok(None)
+
+
+def _edit_block(
+    ctx: ToolContext, agent: Agent, label: str, compute: Callable[[BlockView], str]
+) -> tuple[Block, bool]:
+    """Apply a pure edit to the agent's block `label` and persist it as the agent; (block, changed).
+
+    The write is compare-and-set on the version read here, so a concurrent writer is never overwritten:
+    the edit is recomputed on the newer value. Raises MemoryEditError (unknown label, edit refused).
+    """
+    for _attempt in range(EDIT_ATTEMPTS):
+        link = _attachment(ctx, agent, label)
+        if link is None:
+            raise MemoryEditError(_unknown_label_message(agent, label))
+        block = link.block
+        view = BlockView(label=block.label, value=block.value, limit=block.limit, read_only=block.read_only)
+        new_value = compute(view)
+        if new_value == block.value:
+            return block, False
+        try:
+            updated = memory_services.block_update(
+                actor=ctx.actor,
+                block_id=block.id,
+                value=new_value,
+                editor=Editor.agent(agent.id),
+                expected_version=block.version,
+            )
+        except BlockConcurrentUpdate:
+            continue
+        return updated, True
+    raise BlockConcurrentUpdate(
+        f"Memory block '{label}' kept changing while you edited it; read it again and retry."
+    )
+
+
+@transaction.atomic
+def _create_block(ctx: ToolContext, agent: Agent, label: str, value: str) -> Block:
+    """memory_rethink on a missing label: a new block attached to the agent, its content written as the
+    agent (the empty first version is the system's), so history shows who wrote what."""
+    new_value = edits.memory_rethink(BlockView(label=label, value="", limit=DEFAULT_BLOCK_LIMIT), value)
+    block = memory_services.block_create(actor=ctx.actor, label=label)
+    memory_services.block_attach_to_agent(actor=ctx.actor, agent_id=agent.id, block=block)
+    if not new_value:
+        return block
+    return memory_services.block_update(
+        actor=ctx.actor, block_id=block.id, value=new_value, editor=Editor.agent(agent.id)
+    )
+
+
+def _attachment(ctx: ToolContext, agent: Agent, label: str) -> AgentBlock | None:
+    return (
+        AgentBlock.objects.filter(
+            agent_id=agent.id, block_label=label, block__organization_id=ctx.actor.organization_id
+        )
+        .select_related("block")
+        .first()
+    )
+
+
+def _unknown_label_message(agent: Agent, label: str) -> str:
+    labels = sorted(AgentBlock.objects.filter(agent_id=agent.id).values_list("block_label", flat=True))
+    if not labels:
+        return f"No memory block labelled '{label}': this agent has no memory blocks."
+    return f"No memory block labelled '{label}'. This agent's memory blocks are: {', '.join(labels)}."
+
+
+_HANDLERS: dict[str, Handler] = {
+    "send_message": _send_message,
+    "conversation_search": _conversation_search,
+    "archival_memory_insert": _archival_memory_insert,
+    "archival_memory_search": _archival_memory_search,
+    "core_memory_append": _core_memory_append,
+    "core_memory_replace": _core_memory_replace,
+    "memory_replace": _memory_replace,
+    "memory_insert": _memory_insert,
+    "memory_rethink": _memory_rethink,
+    "memory_finish_edits": _memory_finish_edits,
+}
+
+
+def executable_builtins() -> frozenset[str]:
+    """The built-in tool names this module can run (a test keeps it equal to apps.tools.builtin's)."""
+    return frozenset(_HANDLERS)
