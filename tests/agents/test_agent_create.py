@@ -1,7 +1,7 @@
 import pytest
 
-from apps.agents.models import Agent, Message
 from apps.agents.errors import AgentNotFound
+from apps.agents.models import Agent, Message
 from apps.agents.selectors import agent_get, agent_list
 from apps.agents.services import BlockSpec, agent_create, agent_delete, agent_set_tool_rules
 from apps.core.errors import InvalidInput, NotFound

@@ -15,7 +15,7 @@ def test_full_text_search_over_messages_uses_the_gin_index(actor, org):
     )
     # Without the org filter the only index that can serve the query is the full-text one: this shows
     # the index expression matches what the ORM generates (on big tables the planner combines both).
-    text_only = Message.objects.unscoped().annotate(search=SearchVector("text", config="english"))
+    text_only = Message.objects.unscoped().annotate(search=SearchVector("text", config="english")).order_by()
 
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")

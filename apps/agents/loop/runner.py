@@ -1,0 +1,835 @@
+"""The agent loop (Letta v3 semantics, no heartbeats), readable top to bottom.
+
+A run is driven by `execute_run(run_id)`:
+  1. claim the run (created -> running) so no two executors drive it;
+  2. load the agent once: blocks, tools, rules, in-context messages, memory statistics;
+  3. if the run resumes a pending approval, settle those tool calls first;
+  4. step: compile the context, keep it inside the window (warn, compact), call the LLM once,
+     execute the tool calls it returned, persist the step in one transaction, and continue while
+     the model keeps calling tools; stop on a reply without tool calls, a terminal rule, an
+     approval request, max_steps, cancellation or an error;
+  5. finish the run with its stop reason and usage.
+Decisions (rules, budget, compaction choice, rendering) are pure code in this package; this module
+does the I/O. No database lock is held across an LLM call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.agents.custom_tools import run_custom_tool
+from apps.agents.loop import budget as budgeting
+from apps.agents.loop.context import BlockSnapshot, MemoryStats, build_llm_messages, compile_system_message
+from apps.agents.loop.convert import to_letta_messages, to_llm_messages
+from apps.agents.loop.events import EventSink, NullSink
+from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
+from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason
+from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
+from apps.agents.recall import embed_messages
+from apps.core.actor import Actor
+from apps.llm import client as llm
+from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
+from apps.llm.handles import ModelTarget, resolve_model
+from apps.llm.tokens import count_tokens
+from apps.memory.edits import should_show_line_numbers
+from apps.memory.models import Block, Passage
+from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
+from apps.tools.models import Tool
+from apps.tools.rules import describe_tool_rules, parse_tool_rules
+from apps.tools.solver import ToolRulesSolver
+
+logger = logging.getLogger(__name__)
+
+MEMORY_TOOL_NAMES = (
+    "memory_replace",
+    "memory_insert",
+    "memory_rethink",
+    "core_memory_append",
+    "core_memory_replace",
+    "archival_memory_insert",
+)
+PRESSURE_ALERT = "memory_pressure"
+REQUIRED_TOOLS_ALERT = "required_tools"
+COMPLETED_STOPS = {
+    StopReason.END_TURN,
+    StopReason.MAX_STEPS,
+    StopReason.TOOL_RULE,
+    StopReason.REQUIRES_APPROVAL,
+}
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    step_count: int = 0
+
+    def as_dict(self, run_id: str) -> dict[str, Any]:
+        return {
+            "message_type": "usage_statistics",
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "step_count": self.step_count,
+            "run_ids": [run_id],
+        }
+
+
+@dataclass
+class TurnResult:
+    run: Run
+    messages: list[Message]  # what the agent produced in this run, in order
+    stop_reason: str
+    usage: Usage
+
+
+@dataclass
+class LoopState:
+    """What one run works on, loaded once and kept current as the run goes."""
+
+    run: Run
+    agent: Agent
+    actor: Actor
+    conversation: Conversation | None
+    target: ModelTarget
+    context_window: int
+    blocks: list[Block]
+    tools: dict[str, Tool]
+    client_tools: dict[str, dict[str, Any]]
+    solver: ToolRulesSolver
+    rules_text: str
+    in_context: list[Message]
+    stats: MemoryStats
+    sink: EventSink
+    stream_tokens: bool
+    produced: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    warned: bool = False
+
+
+class StopRun(Exception):
+    def __init__(self, reason: str, error: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+def execute_run(run_id: str, *, sink: EventSink | None = None) -> TurnResult | None:
+    """Drive one run to a terminal state. Idempotent: a run that is not `created` is left alone."""
+    claimed = (
+        Run.objects.unscoped()
+        .filter(id=run_id, status=Run.Status.CREATED)
+        .update(status=Run.Status.RUNNING, started_at=timezone.now())
+    )
+    if not claimed:
+        return None
+    run = Run.objects.unscoped().select_related("agent").get(id=run_id)
+    state: LoopState | None = None
+    try:
+        state = _load_state(run, sink or NullSink())
+        _resume_pending_approval(state)
+        _embed_for_recall(
+            state, [m for m in state.in_context if m.run_id == run.id and m.role == Message.Role.USER]
+        )
+        stop = _loop(state)
+        return _finish(state, stop.reason, stop.error)
+    except StopRun as stop:
+        if state is None:
+            return _fail_before_start(run, stop.reason, stop.error)
+        return _finish(state, stop.reason, stop.error)
+    except Exception as exc:
+        logger.exception("agents.run_crashed", extra={"run_id": run_id})
+        if state is None:
+            return _fail_before_start(run, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+        return _finish(state, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _loop(state: LoopState) -> StopRun:
+    """Steps until one says stop, or the step budget is spent."""
+    max_steps = int(state.run.request_config.get("max_steps") or 50)
+    if state.produced and _ends_turn(state, state.produced):  # a resumed call was terminal
+        return StopRun(StopReason.TOOL_RULE)
+    while state.usage.step_count < max_steps:
+        _raise_if_cancelled(state)
+        stop = _step(state)
+        if stop is not None:
+            return stop
+    return StopRun(StopReason.MAX_STEPS)
+
+
+def _step(state: LoopState) -> StopRun | None:
+    """One LLM call and the tool calls it asked for. Returns why to stop, or None to go on."""
+    """One LLM call and the tool calls it asked for."""
+    request = _prepare_request(state)
+    step = Step(
+        organization_id=state.actor.organization_id,
+        agent=state.agent,
+        run=state.run,
+        model=state.target.litellm_model.split("/", 1)[-1],
+        model_handle=state.target.handle,
+        model_endpoint=state.target.api_base or "",
+        provider_name=state.target.provider_name,
+        context_window_limit=state.context_window,
+    )
+    try:
+        response = _call_llm(state, request, step_id=step.id)
+    except ContextWindowExceeded:
+        _compact(state, trigger="provider_overflow")
+        response = _call_llm(state, _prepare_request(state), step_id=step.id)
+    except (LLMApiError, InvalidLLMResponse) as exc:
+        _save_failed_step(state, step, exc)
+        reason = (
+            StopReason.INVALID_LLM_RESPONSE
+            if isinstance(exc, InvalidLLMResponse)
+            else StopReason.LLM_API_ERROR
+        )
+        raise StopRun(reason, exc.message) from exc
+    state.usage.step_count += 1
+    state.usage.prompt_tokens += response.prompt_tokens
+    state.usage.completion_tokens += response.completion_tokens
+    step.prompt_tokens, step.completion_tokens = response.prompt_tokens, response.completion_tokens
+    step.total_tokens = response.prompt_tokens + response.completion_tokens
+    step.reasoning_tokens = response.reasoning_tokens or None
+    step.latency_ms = response.latency_ms
+    step.request_json = response.raw.get("request")
+    step.response_json = response.raw.get("response")
+    step.status = Step.Status.SUCCESS
+
+    calls = response.tool_calls
+    needs_approval = [c for c in calls if _requires_approval(state, c.name)]
+    run_now = [c for c in calls if c not in needs_approval]
+    new_messages: list[Message] = []
+    assistant = _assistant_message(state, step, response, run_now)
+    if assistant is not None:
+        new_messages.append(assistant)
+        _emit_message(state, assistant)
+
+    if not calls:
+        _persist_step(state, step, new_messages)
+        if response.finish_reason == "length":
+            return StopRun(StopReason.MAX_TOKENS_EXCEEDED)
+        missing = state.solver.uncalled_required_tools(list(_available_tool_names(state)))
+        if missing:
+            _add_alert(
+                state,
+                REQUIRED_TOOLS_ALERT,
+                f"[Automated system message] Before finishing you must call: {', '.join(missing)}.",
+            )
+            return None
+        return StopRun(StopReason.END_TURN)
+
+    _raise_if_cancelled(state, pending=(step, new_messages))
+    for call in run_now:
+        result = _run_tool_call(state, call.name, call.arguments, step_id=step.id)
+        tool_message = _tool_message(state, step, call.id, call.name, result)
+        new_messages.append(tool_message)
+        _emit_message(state, tool_message)
+    if needs_approval:
+        request_message = _new_message(
+            state,
+            Message.Role.APPROVAL,
+            step=step,
+            tool_calls=[_openai_call(c.id, c.name, c.arguments) for c in needs_approval],
+        )
+        new_messages.append(request_message)
+        _emit_message(state, request_message)
+        _persist_step(state, step, new_messages, stop_reason=StopReason.REQUIRES_APPROVAL)
+        return StopRun(StopReason.REQUIRES_APPROVAL)
+    _persist_step(state, step, new_messages)
+    if _ends_turn(state, new_messages):
+        return StopRun(StopReason.END_TURN if _sent_message(new_messages) else StopReason.TOOL_RULE)
+    return None
+
+
+# --- context ----------------------------------------------------------------------------------------
+
+
+def _prepare_request(state: LoopState) -> llm.ChatRequest:
+    """Compile the context and keep it inside the window: warn past the threshold, compact on overflow."""
+    for _ in range(3):
+        system_message = _system_message(state)
+        available = list(_available_tool_names(state))
+        allowed = state.solver.allowed_tools(available)
+        schemas = _tool_schemas(state, allowed)
+        messages = build_llm_messages(system_message, to_llm_messages(state.in_context))
+        budget = budgeting.ContextBudget(state.context_window)
+        model = state.target.litellm_model
+        system_tokens = count_tokens(model, messages[:1])
+        schema_tokens = count_tokens(model, [], schemas) if schemas else 0
+        message_tokens = [count_tokens(model, [m]) for m in messages[1:]]
+        verdict = budget.assess(system_tokens, message_tokens, schema_tokens)
+        if verdict.state == "system_overflow":
+            raise StopRun(
+                StopReason.CONTEXT_WINDOW_OVERFLOW_IN_SYSTEM_PROMPT,
+                f"The system prompt, memory blocks and tool schemas take {system_tokens + schema_tokens} tokens, "
+                f"more than the {state.context_window}-token context window. Shorten memory blocks or the "
+                "system prompt, detach tools, or raise the context window.",
+            )
+        if verdict.state == "overflow":
+            _compact(state, trigger="context_window", message_tokens=message_tokens)
+            continue
+        if verdict.state == "warning" and not state.warned and not _has_pressure_alert(state):
+            state.warned = True
+            memory_tools = [n for n in MEMORY_TOOL_NAMES if n in state.tools]
+            _add_alert(
+                state,
+                PRESSURE_ALERT,
+                memory_pressure_warning(verdict.total, state.context_window, tool_names=memory_tools),
+            )
+            continue
+        forced = state.solver.forced_tool(available)
+        if forced and forced in allowed:
+            tool_choice: Any = {"type": "function", "function": {"name": forced}}
+        elif schemas and state.solver.requires_tool_call():
+            tool_choice = "required"
+        else:
+            tool_choice = "auto" if schemas else None
+        return llm.ChatRequest(
+            messages=messages,
+            tools=schemas or None,
+            tool_choice=tool_choice,
+            temperature=state.agent.temperature,
+            max_tokens=state.agent.max_tokens,
+            parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
+        )
+    raise StopRun(StopReason.ERROR, "The context could not be brought under the context window.")
+
+
+def _system_message(state: LoopState) -> str:
+    return compile_system_message(
+        system_prompt=state.agent.system or DEFAULT_SYSTEM_PROMPT,
+        blocks=[BlockSnapshot(b.label, b.description, b.value, b.limit, b.read_only) for b in state.blocks],
+        stats=state.stats,
+        tool_rules_text=state.rules_text,
+        agent_type=state.agent.agent_type,
+        show_line_numbers=should_show_line_numbers(state.agent.agent_type, state.target.provider_type),
+        now=timezone.now(),
+        timezone=state.agent.timezone or "UTC",
+    )
+
+
+def _available_tool_names(state: LoopState) -> list[str]:
+    return [*state.tools, *(n for n in state.client_tools if n not in state.tools)]
+
+
+def _tool_schemas(state: LoopState, allowed: list[str]) -> list[dict[str, Any]]:
+    schemas = []
+    for name in allowed:
+        if name in state.client_tools:
+            spec = state.client_tools[name]
+            function = {
+                "name": name,
+                "description": spec.get("description") or "",
+                "parameters": spec.get("parameters") or {"type": "object", "properties": {}},
+            }
+        else:
+            function = dict(state.tools[name].json_schema)
+            function["name"] = name
+        schemas.append({"type": "function", "function": function})
+    return schemas
+
+
+def _has_pressure_alert(state: LoopState) -> bool:
+    return any(m.role == Message.Role.SYSTEM and m.name == PRESSURE_ALERT for m in state.in_context)
+
+
+def _add_alert(state: LoopState, name: str, text: str) -> None:
+    alert = _new_message(state, Message.Role.SYSTEM, text=text, name=name)
+    with transaction.atomic():
+        Message.all_objects.bulk_create([alert])
+        state.in_context.append(alert)
+        _save_in_context(state)
+    state.produced.append(alert)
+    _emit_message(state, alert)
+
+
+# --- compaction -------------------------------------------------------------------------------------
+
+
+def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None = None) -> None:
+    """Summarise the oldest in-context messages into one summary message; they stay in recall."""
+    model = state.target.litellm_model
+    if message_tokens is None or len(message_tokens) != len(state.in_context):
+        message_tokens = [count_tokens(model, [m]) if m else 0 for m in _one_llm_message_each(state)]
+    infos = [budgeting.MessageInfo(id="system", role="system", tokens=0)] + [
+        budgeting.MessageInfo(
+            id=m.id,
+            role=_budget_role(m),
+            tokens=tokens,
+            tool_call_ids=tuple(c["id"] for c in (m.tool_calls or [])),
+            tool_call_id=m.tool_call_id or None,
+        )
+        for m, tokens in zip(state.in_context, message_tokens, strict=True)
+    ]
+    plan = budgeting.ContextBudget(state.context_window).choose_messages_to_compact(infos)
+    evict = [m for m in state.in_context if m.id in set(plan.summarize_ids)]
+    if not evict:
+        raise StopRun(StopReason.ERROR, "Context window is full and nothing can be summarised.")
+    by_id = {m.id: m for m in state.in_context}
+    chunks = budgeting.chunk_for_summary(
+        [i for i in infos if i.id in set(plan.summarize_ids)], max(512, state.context_window // 2)
+    )
+    summary = ""
+    for chunk in chunks:
+        transcript = _transcript([by_id[i.id] for i in chunk])
+        if summary:
+            transcript = f"Earlier summary:\n{summary}\n\nConversation:\n{transcript}"
+        response = _call_llm(
+            state,
+            llm.ChatRequest(
+                messages=[
+                    {"role": "system", "content": SUMMARIZER_PROMPT},
+                    {"role": "user", "content": transcript},
+                ]
+            ),
+            step_id=None,
+            stream=False,
+        )
+        state.usage.prompt_tokens += response.prompt_tokens
+        state.usage.completion_tokens += response.completion_tokens
+        summary = (response.content or "").strip()
+    total = len(state.in_context)
+    summary_message = _new_message(
+        state, Message.Role.SUMMARY, text=summary_message_text(summary, len(evict), total)
+    )
+    kept = [m for m in state.in_context if m.id not in set(plan.summarize_ids)]
+    with transaction.atomic():
+        Message.all_objects.bulk_create([summary_message])
+        state.in_context = [summary_message, *kept]
+        _save_in_context(state)
+    state.warned = False
+    state.stats = _memory_stats(
+        state.agent, state.actor, state.conversation, len(state.in_context), state.blocks
+    )
+    state.sink.emit(
+        {
+            **to_letta_messages(summary_message)[0],
+            "compaction_stats": {
+                "trigger": trigger,
+                "context_window": state.context_window,
+                "messages_count_before": total,
+                "messages_count_after": len(state.in_context),
+            },
+        }
+    )
+
+
+def _one_llm_message_each(state: LoopState) -> list[dict[str, Any] | None]:
+    out = []
+    for message in state.in_context:
+        converted = to_llm_messages([message])
+        out.append(converted[0] if converted else None)
+    return out
+
+
+def _budget_role(message: Message) -> str:
+    if message.role == Message.Role.APPROVAL and message.tool_calls:
+        return "assistant"
+    return {"summary": "user", "system": "user", "approval": "user"}.get(message.role, message.role)
+
+
+def _transcript(messages: list[Message]) -> str:
+    lines = []
+    for m in messages:
+        text = m.text
+        if m.tool_calls:
+            text += " " + " ".join(
+                f"[calls {c['function']['name']}({c['function']['arguments']})]" for c in m.tool_calls
+            )
+        lines.append(f"{m.role}: {text.strip()}")
+    return "\n".join(lines)
+
+
+# --- LLM --------------------------------------------------------------------------------------------
+
+
+def _call_llm(
+    state: LoopState, request: llm.ChatRequest, *, step_id: str | None, stream: bool | None = None
+) -> llm.ChatResponse:
+    if stream if stream is not None else state.stream_tokens:
+
+        def relay(delta: llm.StreamDelta) -> None:
+            state.sink.emit(
+                {
+                    "message_type": "delta",
+                    "kind": delta.kind,
+                    "text": delta.text,
+                    "tool_call_id": delta.tool_call_id,
+                    "tool_name": delta.tool_name,
+                    "step_id": step_id,
+                    "run_id": state.run.id,
+                }
+            )
+
+        return llm.stream(state.target, request, relay)
+    return llm.complete(state.target, request)
+
+
+def _save_failed_step(state: LoopState, step: Step, exc: LLMError) -> None:
+    step.status = Step.Status.FAILED
+    step.error_type = type(exc).__name__
+    step.error_data = {"message": exc.message}
+    step.save()
+
+
+# --- tools ------------------------------------------------------------------------------------------
+
+
+def _requires_approval(state: LoopState, name: str) -> bool:
+    if name in state.client_tools and name not in state.tools:
+        return True
+    tool = state.tools.get(name)
+    return state.solver.requires_approval(name) or bool(tool and tool.default_requires_approval)
+
+
+def _run_tool_call(
+    state: LoopState, name: str, raw_arguments: str, *, step_id: str | None, check_rules: bool = True
+) -> ToolResult:
+    """Execute one call. Every failure becomes an error result the model can read; nothing raises."""
+    started = time.monotonic()
+    if check_rules:
+        problem = state.solver.check_call(name, list(_available_tool_names(state)))
+        if problem:
+            state.solver.record_call(name, None)
+            return ToolResult.error(problem)
+    tool = state.tools.get(name)
+    if tool is None:
+        return ToolResult.error(
+            f"Tool '{name}' does not exist or is not attached. Available tools: {', '.join(state.tools) or 'none'}."
+        )
+    try:
+        arguments = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as exc:
+        state.solver.record_call(name, None)
+        return ToolResult.error(
+            f"Invalid JSON in the arguments of {name}: {exc}. Received: {raw_arguments[:500]}"
+        )
+    if not isinstance(arguments, dict):
+        return ToolResult.error(f"The arguments of {name} must be a JSON object, got: {raw_arguments[:500]}")
+    arguments = {**arguments, **state.solver.prefilled_args(name)}
+    ctx = ToolContext(
+        actor=state.actor,
+        agent_id=state.agent.id,
+        conversation_id=state.conversation.id if state.conversation else None,
+        run_id=state.run.id,
+        step_id=step_id,
+        embedding_handle=state.agent.embedding,
+        timezone=state.agent.timezone or "UTC",
+    )
+    if tool.tool_type.startswith("letta_"):
+        from apps.agents.builtin_tools import execute_builtin
+
+        result = execute_builtin(name, arguments, ctx, agent=state.agent)
+    else:
+        result = run_custom_tool(tool, arguments, ctx)
+    limit = min(tool.return_char_limit, budgeting.tool_return_char_limit(state.context_window))
+    result = ToolResult(
+        status=result.status,
+        return_value=cut_to_limit(result.return_value, limit),
+        stdout=result.stdout,
+        stderr=result.stderr,
+        sandbox=result.sandbox,
+        memory_changed=result.memory_changed,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+    state.solver.record_call(name, result.return_value)
+    if result.memory_changed:
+        state.blocks = _load_blocks(state.agent, state.actor)
+        state.stats = _memory_stats(
+            state.agent, state.actor, state.conversation, len(state.in_context), state.blocks
+        )
+    return result
+
+
+def _ends_turn(state: LoopState, messages: list[Message]) -> bool:
+    called = [m.name for m in messages if m.role == Message.Role.TOOL]
+    if not any(state.solver.is_terminal(n) or n == "send_message" for n in called):
+        return False
+    return not state.solver.uncalled_required_tools(list(_available_tool_names(state)))
+
+
+def _sent_message(messages: list[Message]) -> bool:
+    return any(m.role == Message.Role.TOOL and m.name == "send_message" for m in messages)
+
+
+# --- approvals --------------------------------------------------------------------------------------
+
+
+def _resume_pending_approval(state: LoopState) -> None:
+    """Settle the tool calls an approval response decided, before the first step of this run."""
+    response_id = state.run.request_config.get("approval_response_id")
+    if not response_id:
+        return
+    response = next((m for m in state.in_context if m.id == response_id), None)
+    request = next(
+        (m for m in reversed(state.in_context) if m.role == Message.Role.APPROVAL and m.tool_calls), None
+    )
+    if response is None or request is None:
+        raise StopRun(StopReason.ERROR, "The approval request to resume was not found in context.")
+    decisions = {d["tool_call_id"]: d for d in response.approvals or []}
+    tool_messages = []
+    for call in request.tool_calls or []:
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        decision = decisions[call["id"]]
+        if decision.get("type") == "tool":
+            returned = decision.get("tool_return")
+            text = returned if isinstance(returned, str) else json.dumps(returned)
+            result = ToolResult(
+                status=decision.get("status", "success"),
+                return_value=text,
+                stdout=tuple(decision.get("stdout") or ()),
+                stderr=tuple(decision.get("stderr") or ()),
+                sandbox="client",
+            )
+            state.solver.record_call(name, text)
+        elif decision.get("approve"):
+            result = _run_tool_call(state, name, arguments, step_id=None, check_rules=False)
+        else:
+            reason = decision.get("reason") or "no reason given"
+            result = ToolResult.error(f"Error: request to call tool denied. User reason: {reason}")
+            state.solver.record_call(name, None)
+        message = _tool_message(state, None, call["id"], name, result)
+        tool_messages.append(message)
+        _emit_message(state, message)
+    with transaction.atomic():
+        Message.all_objects.bulk_create(tool_messages)
+        state.in_context.extend(tool_messages)
+        _save_in_context(state)
+    state.produced.extend(tool_messages)
+
+
+# --- messages and persistence -----------------------------------------------------------------------
+
+
+def _new_message(
+    state: LoopState,
+    role: str,
+    *,
+    step: Step | None = None,
+    text: str = "",
+    content: list[dict[str, Any]] | None = None,
+    **fields: Any,
+) -> Message:
+    return Message(
+        organization_id=state.actor.organization_id,
+        agent=state.agent,
+        conversation=state.conversation,
+        run=state.run,
+        step=step,
+        role=role,
+        content=content if content is not None else ([{"type": "text", "text": text}] if text else []),
+        text=text,
+        model=state.target.handle,
+        created_at=timezone.now(),
+        **fields,
+    )
+
+
+def _assistant_message(
+    state: LoopState, step: Step, response: llm.ChatResponse, calls: list[llm.ToolCall]
+) -> Message | None:
+    content: list[dict[str, Any]] = []
+    if response.reasoning:
+        content.append({"type": "reasoning", "reasoning": response.reasoning})
+    if response.content:
+        content.append({"type": "text", "text": response.content})
+    if not content and not calls:
+        return None
+    return _new_message(
+        state,
+        Message.Role.ASSISTANT,
+        step=step,
+        content=content,
+        text=response.content or "",
+        tool_calls=[_openai_call(c.id, c.name, c.arguments) for c in calls] or None,
+    )
+
+
+def _openai_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_message(
+    state: LoopState, step: Step | None, call_id: str, name: str, result: ToolResult
+) -> Message:
+    packaged = package_for_model(result, now=timezone.localtime())
+    return _new_message(
+        state,
+        Message.Role.TOOL,
+        step=step,
+        content=[{"type": "text", "text": packaged}],
+        text=result.return_value,
+        name=name,
+        tool_call_id=call_id,
+        is_err=result.status == "error",
+        tool_returns=[
+            {
+                "tool_call_id": call_id,
+                "status": result.status,
+                "tool_return": result.return_value,
+                "stdout": list(result.stdout),
+                "stderr": list(result.stderr),
+                "sandbox": result.sandbox,
+                "duration_ms": result.duration_ms,
+            }
+        ],
+    )
+
+
+def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop_reason: str = "") -> None:
+    """One transaction per step: the step, its messages and the new in-context list."""
+    step.stop_reason = stop_reason
+    with transaction.atomic():
+        step.save(force_insert=True)
+        Message.all_objects.bulk_create(messages)
+        state.in_context.extend(messages)
+        _save_in_context(state)
+    state.produced.extend(messages)
+    _embed_for_recall(state, messages)
+
+
+def _embed_for_recall(state: LoopState, messages: list[Message]) -> None:
+    """Embeddings for semantic recall search, after the commit (the provider call holds no lock).
+
+    A failing embedding provider is logged by embed_messages and never fails the turn."""
+    if state.agent.embedding:
+        embed_messages(actor=state.actor, messages=messages, embedding_handle=state.agent.embedding)
+
+
+def _save_in_context(state: LoopState) -> None:
+    ids = [m.id for m in state.in_context]
+    if state.conversation is not None:
+        Conversation.all_objects.filter(id=state.conversation.id).update(message_ids=ids)
+    else:
+        Agent.all_objects.filter(id=state.agent.id).update(message_ids=ids)
+
+
+def _emit_message(state: LoopState, message: Message) -> None:
+    for event in to_letta_messages(message):
+        state.sink.emit(event)
+
+
+def _raise_if_cancelled(state: LoopState, pending: tuple[Step, list[Message]] | None = None) -> None:
+    status = Run.objects.unscoped().filter(id=state.run.id).values_list("status", flat=True).first()
+    if status == Run.Status.CANCELLED:
+        if pending is not None:
+            _persist_step(state, pending[0], pending[1], stop_reason=StopReason.CANCELLED)
+        raise StopRun(StopReason.CANCELLED)
+
+
+# --- loading and finishing --------------------------------------------------------------------------
+
+
+def _load_state(run: Run, sink: EventSink) -> LoopState:
+    actor = Actor.system(run.organization_id)
+    agent = Agent.objects.for_actor(actor).get(id=run.agent_id)
+    conversation = (
+        Conversation.objects.for_actor(actor).get(id=run.conversation_id) if run.conversation_id else None
+    )
+    try:
+        target = resolve_model(
+            agent.model,
+            organization_id=actor.organization_id,
+            context_window_limit=agent.context_window_limit,
+        )
+    except LLMError as exc:
+        raise StopRun(StopReason.LLM_API_ERROR, exc.message) from exc
+    except Exception as exc:  # an unusable handle is the agent's configuration problem, reported on the run
+        raise StopRun(StopReason.LLM_API_ERROR, str(exc)) from exc
+    rules = parse_tool_rules(agent.tool_rules)
+    ids = conversation.message_ids if conversation else agent.message_ids
+    by_id = {m.id: m for m in Message.objects.for_actor(actor).filter(id__in=ids)}
+    in_context = [by_id[i] for i in ids if i in by_id]
+    blocks = _load_blocks(agent, actor)
+    tools = {t.name: t for t in Tool.objects.for_actor(actor).filter(agent_attachments__agent=agent)}
+    client_tools = {t["name"]: t for t in run.request_config.get("client_tools") or []}
+    return LoopState(
+        run=run,
+        agent=agent,
+        actor=actor,
+        conversation=conversation,
+        target=target,
+        context_window=target.context_window,
+        blocks=blocks,
+        tools=tools,
+        client_tools=client_tools,
+        solver=ToolRulesSolver(rules),
+        rules_text=describe_tool_rules(rules),
+        in_context=in_context,
+        stats=_memory_stats(agent, actor, conversation, len(in_context), blocks),
+        sink=sink,
+        stream_tokens=bool(run.request_config.get("stream_tokens")),
+    )
+
+
+def _load_blocks(agent: Agent, actor: Actor) -> list[Block]:
+    return list(Block.objects.for_actor(actor).filter(agent_attachments__agent=agent).order_by("created_at"))
+
+
+def _memory_stats(
+    agent: Agent, actor: Actor, conversation: Conversation | None, in_context_count: int, blocks: list[Block]
+) -> MemoryStats:
+    recall = Message.objects.for_actor(actor).filter(agent=agent, conversation=conversation).count()
+    passages = Passage.objects.for_actor(actor).filter(archive__agents=agent)
+    count = passages.count()
+    tags = (
+        sorted({t for row in passages.values_list("tags", flat=True).distinct() for t in row})
+        if count
+        else []
+    )
+    return MemoryStats(
+        last_memory_edit=max((b.updated_at for b in blocks), default=None),
+        recall_message_count=max(0, recall - in_context_count),
+        archival_passage_count=count,
+        archival_tags=tags,
+    )
+
+
+def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
+    run = state.run
+    now = timezone.now()
+    run.stop_reason = reason
+    run.completed_at = now
+    run.total_duration_ns = int((now - (run.started_at or now)).total_seconds() * 1e9)
+    if reason == StopReason.CANCELLED:
+        run.status = Run.Status.CANCELLED
+    elif reason in COMPLETED_STOPS:
+        run.status = Run.Status.COMPLETED
+    else:
+        run.status = Run.Status.FAILED
+        run.error = {"message": error or reason}
+    if error:
+        run.metadata = {**run.metadata, "error": error}
+    with transaction.atomic():
+        Run.all_objects.filter(id=run.id).exclude(status=Run.Status.CANCELLED).update(
+            status=run.status,
+            stop_reason=reason,
+            completed_at=now,
+            total_duration_ns=run.total_duration_ns,
+            error=run.error,
+            metadata=run.metadata,
+        )
+        Agent.all_objects.filter(id=state.agent.id).update(
+            last_run_completion=now,
+            last_stop_reason=reason,
+            last_run_duration_ms=run.total_duration_ns // 1_000_000,
+        )
+    state.sink.emit({"message_type": "stop_reason", "stop_reason": reason})
+    state.sink.emit(state.usage.as_dict(run.id))
+    return TurnResult(run=run, messages=state.produced, stop_reason=reason, usage=state.usage)
+
+
+def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:
+    now = timezone.now()
+    Run.all_objects.filter(id=run.id).update(
+        status=Run.Status.FAILED, stop_reason=reason, completed_at=now, error={"message": error or reason}
+    )
+    run.refresh_from_db()
+    return TurnResult(run=run, messages=[], stop_reason=reason, usage=Usage())

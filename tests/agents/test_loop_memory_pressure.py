@@ -1,0 +1,90 @@
+"""Memory pressure, compaction and the cost of a step, through the real loop."""
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.agents.models import Message, Run
+from apps.agents.prompts import SUMMARIZER_PROMPT
+from apps.agents.services import BlockSpec
+from apps.llm.tokens import count_tokens
+from tests.agents.test_loop import custom_tool
+from tests.support.scripted_llm import text
+
+LONG = "I went hiking in the Alps last summer and the views were amazing. " * 8  # about 130 tokens
+
+
+def test_a_long_conversation_warns_then_compacts_and_every_request_fits(make_agent, send, llm):
+    agent = make_agent(context_window_limit=1200, include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+
+    results = [send(agent, f"Message {i}: {LONG}") for i in range(8)]
+
+    assert all(r.stop_reason == "end_turn" for r in results)
+    alerts = Message.all_objects.filter(agent=agent, role="system", name="memory_pressure")
+    summaries = Message.all_objects.filter(agent=agent, role="summary")
+    assert alerts.exists()
+    assert summaries.exists()
+    assert "Summary of what was removed" in summaries.first().text
+    chat = [r for r in llm.chat_requests() if r["messages"][0]["content"] != SUMMARIZER_PROMPT]
+    assert max(count_tokens("gpt-4o-mini", r["messages"], r.get("tools")) for r in chat) <= 1200
+    agent.refresh_from_db()
+    first_user = Message.all_objects.filter(agent=agent, role="user").order_by("sequence_id").first()
+    assert first_user.id not in agent.message_ids  # evicted from context...
+    assert Message.all_objects.filter(agent=agent, role="user").count() == 8  # ...but kept in recall
+
+
+def test_a_summary_request_carries_the_evicted_messages(make_agent, send, llm):
+    agent = make_agent(context_window_limit=1200, include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+
+    for i in range(8):
+        send(agent, f"Message {i}: {LONG}")
+
+    summarizer = next(r for r in llm.chat_requests() if r["messages"][0]["content"] == SUMMARIZER_PROMPT)
+    assert "Message 0:" in summarizer["messages"][1]["content"]
+
+
+def test_a_system_prompt_that_cannot_fit_stops_before_calling_the_llm(make_agent, send, llm):
+    agent = make_agent(
+        context_window_limit=500,
+        memory_blocks=[BlockSpec(label="human", value="facts " * 1000, limit=10_000)],
+    )
+
+    result = send(agent, "hi")
+
+    assert result.stop_reason == "context_window_overflow_in_system_prompt"
+    assert result.run.status == Run.Status.FAILED
+    assert "context window" in result.run.error["message"]
+    assert llm.chat_requests() == []
+
+
+def queries_for_one_turn(send, llm, agent) -> int:
+    send(agent, "warm up")
+    llm.push(text("hi"))
+    with CaptureQueriesContext(connection) as captured:
+        send(agent, "hello")
+    return len(captured)
+
+
+def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_messages(
+    make_agent, send, llm, actor, org
+):
+    small = make_agent()
+    big = make_agent(
+        tool_ids=[custom_tool(org, name=f"t{i}").id for i in range(8)],
+        memory_blocks=[BlockSpec(label=f"b{i}", value="x" * 50) for i in range(10)],
+    )
+    llm.configure(strict=False, default_turn={"content": "ok"})
+    for i in range(20):
+        send(big, f"filler {i}")
+
+    small_count = queries_for_one_turn(send, llm, small)
+    big_count = queries_for_one_turn(send, llm, big)
+
+    # The bound (README, "Agent loop"): 25 statements and 5 savepoints for a one-step turn. Input: agent
+    # lock, pending-approval check, run, messages, in-context list. Loading: claim, run, agent, provider,
+    # messages, blocks, tools, recall and archival counts, the input's recall embeddings (provider,
+    # update). The step: cancel check, step, messages, in-context list, recall embeddings (provider,
+    # update). Finishing: run and agent.
+    assert big_count == small_count
+    assert small_count <= 30
