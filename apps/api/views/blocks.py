@@ -1,15 +1,16 @@
-"""/v1 views: thin adapters over services and selectors."""
+"""/v1/health and /v1/blocks: thin adapters over services and selectors."""
 
 from __future__ import annotations
 
 from django.db import connection
+from django.urls import re_path
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api import serializers as s
+from apps.api.serializers import common as s
 from apps.api.base import OrgApiView
 from apps.core.pagination import PageParams, paginate
 from apps.memory import selectors as memory_selectors
@@ -64,3 +65,10 @@ class BlockDetailApi(OrgApiView):
     def delete(self, request: Request, block_id: str) -> Response:
         memory_services.block_delete(actor=self.actor, block_id=block_id)
         return Response({"message": f"Block {block_id} deleted"})
+
+
+urlpatterns = [
+    re_path(r"^v1/health/?$", HealthApi.as_view(), name="health"),
+    re_path(r"^v1/blocks/?$", BlockListCreateApi.as_view(), name="blocks"),
+    re_path(r"^v1/blocks/(?P<block_id>[^/]+)/?$", BlockDetailApi.as_view(), name="block-detail"),
+]
