@@ -143,6 +143,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
 CELERY_TIMEZONE = "UTC"
+# Where agent runs execute: "celery" (workers; the web process never calls an LLM) or "in_process"
+# (the request that submits a run executes it before answering: for single-process setups and tests).
+RUN_EXECUTOR = env.str("RUN_EXECUTOR", default="celery")
 
 # LLM providers from the environment; organisation credentials (apps.llm.Provider) take precedence.
 OPENAI_API_KEY = env.str("OPENAI_API_KEY", default="")

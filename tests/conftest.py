@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -9,6 +10,8 @@ from apps.accounts.models import Organization, User
 from apps.accounts.services import api_key_create
 from apps.core.actor import Actor, Role
 from tests.factories import MembershipFactory, OrganizationFactory, UserFactory
+from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer
+from tests.support.workers import WorkerProcess, worker_env
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +68,37 @@ def make_user() -> Callable[..., User]:
         return MembershipFactory(organization=org, role=role, user=UserFactory(**kwargs)).user
 
     return make
+
+
+@pytest.fixture(scope="session")
+def scripted_server() -> Iterator[ScriptedLLMServer]:
+    with ScriptedLLMServer(strict=True) as server:
+        yield server
+
+
+@pytest.fixture
+def llm(scripted_server: ScriptedLLMServer, settings) -> Iterator[ScriptedLLM]:  # type: ignore[no-untyped-def]
+    """The scripted LLM (tests/support/scripted_llm.py), reset, with the deployment's OpenAI settings pointing at it and fast retries."""
+    settings.OPENAI_API_KEY = "sk-test"
+    settings.OPENAI_BASE_URL = scripted_server.url
+    settings.LLM_MAX_ATTEMPTS = 3
+    settings.LLM_RETRY_BASE_DELAY = 0.001
+    settings.LLM_RETRY_MAX_DELAY = 0.01
+    settings.LLM_REQUEST_TIMEOUT = 10.0
+    client = scripted_server.client()
+    client.reset(config=True)
+    client.configure(strict=True)
+    yield client
+    client.reset(config=True)
+
+
+@pytest.fixture(scope="session")
+def celery_worker(
+    django_db_setup, scripted_server: ScriptedLLMServer, tmp_path_factory
+) -> Iterator[WorkerProcess]:  # type: ignore[no-untyped-def]
+    """A real Celery worker process on the test database, calling the scripted LLM. Tests that use it
+    need committed data: mark them `@pytest.mark.django_db(transaction=True)`."""
+    log_dir = Path(tmp_path_factory.mktemp("workers"))
+    worker = WorkerProcess("worker-a", worker_env(scripted_server.url), log_dir, concurrency=2).wait_ready()
+    yield worker
+    worker.stop()

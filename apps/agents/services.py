@@ -5,12 +5,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of
 from apps.agents.loop.events import EventSink
-from apps.agents.loop.runner import TurnResult, Usage, execute_run
+from apps.agents.loop.runner import TurnResult, Usage, execute_run, execute_run_streamed
 from apps.agents.models import (
     Agent,
     AgentSecret,
@@ -22,12 +23,14 @@ from apps.agents.models import (
     StopReason,
 )
 from apps.agents.selectors import agent_get
+from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound
 from apps.memory import services as memory_services
 from apps.memory.errors import DuplicateBlockLabel
 from apps.memory.models import Block
 from apps.memory.selectors import block_get
+from apps.streams.events import follow_events
 from apps.tools.builtin import BUILTIN_TOOLS, base_tool_names
 from apps.tools.models import Tool
 from apps.tools.rules import dump_tool_rules, parse_tool_rules
@@ -395,4 +398,64 @@ def conversation_create(*, actor: Actor, agent_id: str, summary: str = "") -> Co
     agent = agent_get(actor=actor, agent_id=agent_id)
     return Conversation.objects.for_actor(actor).create(
         agent=agent, summary=summary, created_by_id=actor.user_id
+    )
+
+
+def run_submit(run: Run) -> None:
+    """Have the run executed once the current transaction commits (by a worker, or in this process
+    when RUN_EXECUTOR=in_process). Its events arrive in the run's stream (apps.streams.events)."""
+    if settings.RUN_EXECUTOR == "in_process":
+        transaction.on_commit(lambda: execute_run_streamed(run.id))
+    else:
+        transaction.on_commit(lambda: execute_run_task.delay(run.id))
+
+
+@dataclass
+class CollectedRun:
+    run: Run
+    messages: list[dict[str, Any]]
+    stop_reason: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    finished: bool
+
+
+def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: float = 55.0) -> CollectedRun:
+    """Wait for a run's events (from `after`) until it ends or the timeout; gather its messages."""
+    run = Run.objects.for_actor(actor).filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"Run with id '{run_id}' not found")
+    messages: list[dict[str, Any]] = []
+    stop_reason = usage = None
+    finished = False
+
+    def terminal_in_db() -> bool:
+        status = Run.objects.for_actor(actor).filter(id=run_id).values_list("status", flat=True).first()
+        return status in (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
+
+    idle_checks = 0
+
+    def on_idle() -> bool:
+        nonlocal idle_checks
+        idle_checks += 1
+        return idle_checks % 5 == 0 and terminal_in_db()  # a dead worker never writes its end event
+
+    for event in follow_events(run_id, after=after, timeout_s=timeout_s, poll_ms=200, on_idle=on_idle):
+        if event is None:
+            continue
+        kind = event.data.get("message_type")
+        if kind == "stop_reason":
+            stop_reason = event.data
+        elif kind == "usage_statistics":
+            usage = event.data
+        elif kind == "run_end":
+            finished = True
+        elif kind != "delta":
+            messages.append(event.data)
+    run.refresh_from_db()
+    return CollectedRun(
+        run=run,
+        messages=messages,
+        stop_reason=stop_reason,
+        usage=usage,
+        finished=finished or run.status in (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED),
     )

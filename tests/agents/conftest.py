@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,29 +11,7 @@ from apps.agents.loop.events import ListSink
 from apps.agents.models import Agent
 from apps.agents.services import BlockSpec, MessageIn, agent_create, agent_send_message
 from apps.core.actor import Actor
-from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer
-
-
-@pytest.fixture(scope="session")
-def scripted_server() -> Iterator[ScriptedLLMServer]:
-    with ScriptedLLMServer(strict=True) as server:
-        yield server
-
-
-@pytest.fixture
-def llm(scripted_server: ScriptedLLMServer, settings) -> Iterator[ScriptedLLM]:  # type: ignore[no-untyped-def]
-    """The scripted LLM, reset, with the deployment's OpenAI settings pointing at it and fast retries."""
-    settings.OPENAI_API_KEY = "sk-test"
-    settings.OPENAI_BASE_URL = scripted_server.url
-    settings.LLM_MAX_ATTEMPTS = 3
-    settings.LLM_RETRY_BASE_DELAY = 0.001
-    settings.LLM_RETRY_MAX_DELAY = 0.01
-    settings.LLM_REQUEST_TIMEOUT = 10.0
-    client = scripted_server.client()
-    client.reset(config=True)
-    client.configure(strict=True)
-    yield client
-    client.reset(config=True)
+from tests.support.scripted_llm import ScriptedLLM
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ from apps.llm.handles import ModelTarget, resolve_model
 from apps.llm.tokens import count_tokens
 from apps.memory.edits import should_show_line_numbers
 from apps.memory.models import Block, Passage
+from apps.streams.events import RedisStreamSink, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.models import Tool
 from apps.tools.rules import describe_tool_rules, parse_tool_rules
@@ -833,3 +834,11 @@ def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:
     )
     run.refresh_from_db()
     return TurnResult(run=run, messages=[], stop_reason=reason, usage=Usage())
+
+
+def execute_run_streamed(run_id: str) -> TurnResult | None:
+    """execute_run with its events in the run's Redis stream, closed by an end event."""
+    result = execute_run(run_id, sink=RedisStreamSink(run_id))
+    if result is not None:
+        end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
+    return result

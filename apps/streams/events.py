@@ -1,0 +1,102 @@
+"""The run event log: a Redis Stream per run, appended by the loop and read from a cursor by SSE and the ADE.
+
+Each event is one JSON document. Entry ids ("<ms>-<seq>") are the sequence numbers clients resume
+from: a reader that connects late or reconnects passes the last id it saw and gets everything after
+it, then the live tail, with no gap and no duplicate. A final `run_end` event closes the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from apps.streams.redis_client import get_redis
+
+STREAM_TTL_SECONDS = 24 * 3600
+STREAM_MAX_EVENTS = 100_000  # a bound, far above any real run, so a runaway loop cannot fill Redis
+END_EVENT = "run_end"
+START = "0-0"
+
+
+def stream_key(run_id: str) -> str:
+    return f"run-events:{run_id}"
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    cursor: str
+    data: dict[str, Any]
+
+    @property
+    def is_end(self) -> bool:
+        return self.data.get("message_type") == END_EVENT
+
+
+def append_event(run_id: str, event: dict[str, Any]) -> str:
+    client = get_redis()
+    key = stream_key(run_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(key, {"data": json.dumps(event, default=str)}, maxlen=STREAM_MAX_EVENTS, approximate=True)
+    pipe.expire(key, STREAM_TTL_SECONDS)
+    entry_id, _ = pipe.execute()
+    return str(entry_id)
+
+
+def end_stream(run_id: str, *, status: str, stop_reason: str) -> str:
+    return append_event(
+        run_id, {"message_type": END_EVENT, "run_id": run_id, "status": status, "stop_reason": stop_reason}
+    )
+
+
+def read_events(
+    run_id: str, *, after: str = START, block_ms: int | None = None, count: int = 500
+) -> list[StreamEvent]:
+    """Events after the cursor; with block_ms, waits up to that long for the first new one."""
+    reply = get_redis().xread({stream_key(run_id): after}, count=count, block=block_ms)
+    if not reply:
+        return []
+    _, entries = reply[0]
+    return [StreamEvent(cursor=entry_id, data=json.loads(fields["data"])) for entry_id, fields in entries]
+
+
+def follow_events(
+    run_id: str,
+    *,
+    after: str = START,
+    timeout_s: float = 3600.0,
+    poll_ms: int = 1000,
+    on_idle: Callable[[], bool] | None = None,
+) -> Iterator[StreamEvent | None]:
+    """Yield events from the cursor until the run's end event (included) or the timeout.
+
+    Yields None after each idle `poll_ms` so callers can send keep-alive pings; `on_idle` returning
+    True ends the stream early (e.g. the run is terminal in the database but has no end event,
+    because its worker died before writing it).
+    """
+    deadline = time.monotonic() + timeout_s
+    cursor = after
+    while time.monotonic() < deadline:
+        events = read_events(run_id, after=cursor, block_ms=poll_ms)
+        if not events:
+            if on_idle is not None and on_idle():
+                return
+            yield None
+            continue
+        for event in events:
+            cursor = event.cursor
+            yield event
+            if event.is_end:
+                return
+
+
+class RedisStreamSink:
+    """The loop's EventSink for runs executed by workers."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def emit(self, event: dict[str, Any]) -> None:
+        append_event(self.run_id, event)

@@ -1,0 +1,93 @@
+"""Real Celery workers for tests: separate processes on the test database and the test Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_database_url() -> str:
+    """The URL of the database pytest-django created, for processes outside this one."""
+    params = connection.settings_dict
+    host = params.get("HOST") or params.get("OPTIONS", {}).get("host", "")
+    if host.startswith("/"):
+        return f"postgresql://{params['USER']}:{params['PASSWORD'] or ''}@/{params['NAME']}?host={host}"
+    return (
+        f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+    )
+
+
+class WorkerProcess:
+    """`celery worker` as a child process; `kill()` sends SIGKILL, as a crashing machine would."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, concurrency: int = 1) -> None:
+        self.name = name
+        self.log = log_dir / f"{name}.log"
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-l",
+                "info",
+                "-n",
+                f"{name}@%h",
+                "--concurrency",
+                str(concurrency),
+                "--pool",
+                "prefork",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> WorkerProcess:
+        deadline = time.monotonic() + timeout
+        while "ready." not in self.log.read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.name} did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (main process and its pool children)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def worker_env(llm_url: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "OPENAI_BASE_URL": llm_url,
+        "OPENAI_API_KEY": "sk-test",
+        "LLM_MAX_ATTEMPTS": "3",
+        "LLM_RETRY_BASE_DELAY": "0.001",
+        "LLM_RETRY_MAX_DELAY": "0.01",
+        "RUN_EXECUTOR": "celery",
+        **extra,
+    }
