@@ -146,6 +146,12 @@ CELERY_TIMEZONE = "UTC"
 # Where agent runs execute: "celery" (workers; the web process never calls an LLM) or "in_process"
 # (the request that submits a run executes it before answering: for single-process setups and tests).
 RUN_EXECUTOR = env.str("RUN_EXECUTOR", default="celery")
+CELERY_BEAT_SCHEDULE = {
+    "recover-runs": {
+        "task": "agents.recover_runs",
+        "schedule": env.float("RUN_RECOVERY_INTERVAL", default=15.0),
+    },
+}
 
 # LLM providers from the environment; organisation credentials (apps.llm.Provider) take precedence.
 OPENAI_API_KEY = env.str("OPENAI_API_KEY", default="")
@@ -171,3 +177,28 @@ LOGGING = {
 if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True
     X_FRAME_OPTIONS = "DENY"
+
+# Sandbox ------------------------------------------------------------------------------------------
+# Where custom tools run (apps.sandbox.selection): "auto" = Docker when an engine answers and the base
+# image is there, else the local subprocess sandbox if the organisation allows it; "docker" = never
+# local; "local" = never Docker.
+SANDBOX_BACKEND = env.str("SANDBOX_BACKEND", default="auto")
+# The image tools run on (a sandbox config's `image` overrides it). Tests and registry-less machines
+# use the image scripts/build_sandbox_image.sh makes, letta-sandbox-base:py3.
+SANDBOX_BASE_IMAGE = env.str("SANDBOX_BASE_IMAGE", default="python:3.12-slim")
+SANDBOX_PULL_IMAGES = env.bool("SANDBOX_PULL_IMAGES", default=True)
+# Started, idle containers kept per container spec (each serves one call, then is removed), how long
+# an idle one is kept, and the most kept in all by one process.
+SANDBOX_POOL_SIZE = env.int("SANDBOX_POOL_SIZE", default=2)
+SANDBOX_POOL_IDLE_SECONDS = env.float("SANDBOX_POOL_IDLE_SECONDS", default=600.0)
+SANDBOX_POOL_MAX_IDLE = env.int("SANDBOX_POOL_MAX_IDLE", default=16)
+# The Docker network of configs with network_enabled (others get network_mode "none").
+SANDBOX_NETWORK = env.str("SANDBOX_NETWORK", default="bridge")
+SANDBOX_TMPFS_MB = env.int("SANDBOX_TMPFS_MB", default=64)
+SANDBOX_MAX_OUTPUT_BYTES = env.int("SANDBOX_MAX_OUTPUT_BYTES", default=8 * 1024 * 1024)
+SANDBOX_DOCKER_PING_TTL = env.float("SANDBOX_DOCKER_PING_TTL", default=30.0)
+# Pip requirements are installed once into a derived image. A wheelhouse folder of .whl files is
+# offered to pip (--find-links); with SANDBOX_PIP_NO_INDEX the build uses only it, without network.
+SANDBOX_WHEELHOUSE = env.str("SANDBOX_WHEELHOUSE", default="")
+SANDBOX_PIP_NO_INDEX = env.bool("SANDBOX_PIP_NO_INDEX", default=False)
+# End of Sandbox -----------------------------------------------------------------------------------

@@ -1,12 +1,37 @@
 from __future__ import annotations
 
-from django.db.models import Prefetch, QuerySet
+import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
 
 from apps.agents.errors import AgentNotFound
-from apps.agents.models import Agent
+from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
+from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.core.actor import Actor
+from apps.core.errors import NotFound
+from apps.llm.errors import UnknownModelHandle
+from apps.llm.handles import (
+    DEFAULT_CONTEXT_WINDOW,
+    EMBEDDING_DIMENSIONS,
+    EmbeddingTarget,
+    ModelTarget,
+    resolve_embedding,
+    resolve_model,
+)
+from apps.llm.models import Provider
+from apps.memory.errors import BlockNotFound
 from apps.memory.models import Block
 from apps.tools.models import Tool
+
+logger = logging.getLogger(__name__)
 
 
 def agent_queryset(*, actor: Actor) -> QuerySet[Agent]:
@@ -33,4 +58,621 @@ def agent_list(
         qs = qs.filter(name=name)
     if tags:
         qs = qs.filter(tags__contains=tags) if match_all_tags else qs.filter(tags__overlap=tags)
+    return qs
+
+
+# --- Reads behind the /v1 agent, core-memory, tag and model endpoints -------------------------------------
+
+SECRET_LIST_FIELDS = ("id", "agent_id", "key", "description", "created_at", "updated_at")
+
+
+def agent_state_queryset(*, actor: Actor) -> QuerySet[Agent]:
+    """`agent_queryset` plus the secrets' keys (never their values), for AgentState responses."""
+    return agent_queryset(actor=actor).prefetch_related(
+        Prefetch("secrets", queryset=AgentSecret.all_objects.only(*SECRET_LIST_FIELDS).order_by("key"))
+    )
+
+
+def agent_state_get(*, actor: Actor, agent_id: str) -> Agent:
+    """Raises AgentNotFound, also for another organisation's agent."""
+    agent = agent_state_queryset(actor=actor).filter(id=agent_id).first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    return agent
+
+
+def agent_state_list(
+    *,
+    actor: Actor,
+    name: str | None = None,
+    tags: list[str] | None = None,
+    match_all_tags: bool = False,
+    query_text: str | None = None,
+    created_by_id: str | None = None,
+    last_stop_reason: str | None = None,
+) -> QuerySet[Agent]:
+    """Agents for AgentState lists; `query_text` matches names case-insensitively."""
+    qs = agent_state_queryset(actor=actor)
+    if name:
+        qs = qs.filter(name=name)
+    if tags:
+        qs = qs.filter(tags__contains=tags) if match_all_tags else qs.filter(tags__overlap=tags)
+    if query_text:
+        qs = qs.filter(name__icontains=query_text)
+    if created_by_id:
+        qs = qs.filter(created_by_id=created_by_id)
+    if last_stop_reason:
+        qs = qs.filter(last_stop_reason=last_stop_reason)
+    return qs
+
+
+def agent_system_prompt(agent: Agent) -> str:
+    """The system prompt the agent runs with: its own, or the default one when it has none."""
+    return agent.system or DEFAULT_SYSTEM_PROMPT
+
+
+def _require_agent(*, actor: Actor, agent_id: str) -> None:
+    if not Agent.objects.for_actor(actor).filter(id=agent_id).exists():
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+
+
+def agent_tool_list(*, actor: Actor, agent_id: str) -> QuerySet[Tool]:
+    """The agent's tools. Raises AgentNotFound."""
+    _require_agent(actor=actor, agent_id=agent_id)
+    return Tool.objects.for_actor(actor).filter(agent_attachments__agent_id=agent_id)
+
+
+def agent_block_list(*, actor: Actor, agent_id: str) -> QuerySet[Block]:
+    """The agent's core-memory blocks. Raises AgentNotFound."""
+    _require_agent(actor=actor, agent_id=agent_id)
+    return Block.objects.for_actor(actor).filter(agent_attachments__agent_id=agent_id)
+
+
+def agent_block_get_by_label(*, actor: Actor, agent_id: str, label: str) -> Block:
+    """The agent's block with this label (labels are unique per agent). Raises AgentNotFound, BlockNotFound."""
+    _require_agent(actor=actor, agent_id=agent_id)
+    block = (
+        Block.objects.for_actor(actor)
+        .filter(agent_attachments__agent_id=agent_id, agent_attachments__block_label=label)
+        .first()
+    )
+    if block is None:
+        raise BlockNotFound(f"Block with label '{label}' not found on agent '{agent_id}'")
+    return block
+
+
+def agent_tag_list(
+    *,
+    actor: Actor,
+    query_text: str | None = None,
+    after: str | None = None,
+    before: str | None = None,
+    limit: int = 50,
+    order: str = "asc",
+) -> list[str]:
+    """Distinct tags of the organisation's agents, sorted by name; the cursors are tags, relative to `order`.
+
+    One statement: unnest in SQL, since a set-returning function cannot be filtered through the ORM.
+    """
+    ascending = order == "asc"
+    conditions = ["organization_id = %s"]
+    params: list[Any] = [actor.organization_id]
+    if query_text:
+        conditions.append("tag ILIKE %s")
+        params.append(f"%{_escape_like(query_text)}%")
+    if after:
+        conditions.append("tag > %s" if ascending else "tag < %s")
+        params.append(after)
+    if before:
+        conditions.append("tag < %s" if ascending else "tag > %s")
+        params.append(before)
+    # Only fixed identifiers are interpolated; every value goes through params.
+    sql = (
+        f"SELECT DISTINCT tag FROM {Agent._meta.db_table}, unnest(tags) AS tag "
+        f"WHERE {' AND '.join(conditions)} ORDER BY tag {'ASC' if ascending else 'DESC'} LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+# The model catalogue: which handles an organisation can use. It lives here rather than in apps.llm only
+# because of who owns which file today; it depends on nothing agent-specific and can move down unchanged.
+
+MODEL_LIST_TIMEOUT = 2.0
+"""Seconds to wait for an OpenAI-compatible server's /models: a listing must never hang on a dead server."""
+
+KNOWN_OPENAI_CHAT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
+KNOWN_OPENAI_EMBEDDING_MODELS = ("text-embedding-3-small", "text-embedding-3-large", "text-embedding-ada-002")
+KNOWN_ANTHROPIC_CHAT_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
+"""What api.openai.com and Anthropic are assumed to serve: their model lists are never fetched (no outbound
+call for a listing; a handle outside these lists still works if the provider serves it)."""
+
+_ENDPOINT_TYPE = {"anthropic": "anthropic", "ollama": "ollama"}  # everything else speaks OpenAI's API
+
+
+@dataclass(frozen=True, slots=True)
+class ChatModelInfo:
+    """A chat model as /v1/models and AgentState.llm_config describe it."""
+
+    handle: str
+    name: str
+    provider_name: str
+    provider_type: str
+    endpoint_type: str
+    endpoint: str | None
+    provider_category: str | None
+    context_window: int
+    max_context_window: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingModelInfo:
+    """An embedding model; `dimension` is None until a first call has taught it."""
+
+    handle: str
+    name: str
+    provider_name: str
+    provider_type: str
+    endpoint_type: str
+    endpoint: str | None
+    provider_category: str | None
+    dimension: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _ProviderSource:
+    name: str
+    provider_type: str
+    api_key: str | None = field(repr=False)
+    base_url: str | None
+    category: str  # Letta's provider_category: "byok" (the organisation's own) or "base" (the deployment's)
+
+
+def _letta_provider_type(provider_type: str) -> str:
+    """Letta has no 'openai_compatible' type; such servers are spoken to as OpenAI."""
+    return "openai" if provider_type == Provider.Type.OPENAI_COMPATIBLE else provider_type
+
+
+def _provider_sources(*, actor: Actor) -> list[_ProviderSource]:
+    """The organisation's providers, then the environment's that no provider of the same name shadows
+    (the same precedence as apps.llm.handles)."""
+    sources = [
+        _ProviderSource(row.name, row.provider_type, row.api_key or None, row.base_url or None, "byok")
+        for row in Provider.objects.for_actor(actor).order_by("name")
+    ]
+    taken = {s.name for s in sources}
+    env = [
+        ("openai", Provider.Type.OPENAI, settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL),
+        ("anthropic", Provider.Type.ANTHROPIC, settings.ANTHROPIC_API_KEY, ""),
+        ("ollama", Provider.Type.OLLAMA, "", settings.OLLAMA_BASE_URL),
+    ]
+    sources += [
+        _ProviderSource(name, kind, key or None, base or None, "base")
+        for name, kind, key, base in env
+        if name not in taken and (key or base)
+    ]
+    return sources
+
+
+def _fetch_model_names(source: _ProviderSource) -> list[str]:
+    """Model ids from the source's OpenAI-style `/models`; [] when it is down, slow or answers oddly."""
+    base = (source.base_url or "").rstrip("/")
+    if source.provider_type == Provider.Type.OLLAMA and not base.endswith("/v1"):
+        base += "/v1"
+    headers = {"Authorization": f"Bearer {source.api_key}"} if source.api_key else {}
+    try:
+        response = httpx.get(f"{base}/models", headers=headers, timeout=MODEL_LIST_TIMEOUT)
+        response.raise_for_status()
+        data = response.json().get("data")
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        logger.info("models.list_unreachable", extra={"provider": source.name, "error": type(exc).__name__})
+        return []
+    if not isinstance(data, list):
+        return []
+    return sorted({item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)})
+
+
+def _is_embedding_name(name: str) -> bool:
+    return "embed" in name or name.split(":", 1)[0] in EMBEDDING_DIMENSIONS
+
+
+def _source_model_names(sources: list[_ProviderSource]) -> dict[str, tuple[list[str], list[str]]]:
+    """(chat names, embedding names) per source name; remote lists are fetched in parallel."""
+    remote = [s for s in sources if s.base_url and s.provider_type != Provider.Type.ANTHROPIC]
+    fetched: dict[str, list[str]] = {}
+    if remote:
+        with ThreadPoolExecutor(max_workers=len(remote)) as pool:
+            fetched = dict(zip([s.name for s in remote], pool.map(_fetch_model_names, remote), strict=True))
+    names: dict[str, tuple[list[str], list[str]]] = {}
+    for source in sources:
+        if source.name in fetched:
+            all_names = fetched[source.name]
+            names[source.name] = (
+                [n for n in all_names if not _is_embedding_name(n)],
+                [n for n in all_names if _is_embedding_name(n)],
+            )
+        elif source.provider_type == Provider.Type.ANTHROPIC:
+            names[source.name] = (list(KNOWN_ANTHROPIC_CHAT_MODELS), [])
+        elif source.provider_type == Provider.Type.OPENAI:
+            names[source.name] = (list(KNOWN_OPENAI_CHAT_MODELS), list(KNOWN_OPENAI_EMBEDDING_MODELS))
+        else:
+            names[source.name] = ([], [])
+    return names
+
+
+def _chat_info(target: ModelTarget, *, category: str | None) -> ChatModelInfo:
+    return ChatModelInfo(
+        handle=target.handle,
+        name=target.handle.partition("/")[2],
+        provider_name=target.provider_name,
+        provider_type=_letta_provider_type(target.provider_type),
+        endpoint_type=_ENDPOINT_TYPE.get(target.provider_type, "openai"),
+        endpoint=target.api_base,
+        provider_category=category,
+        context_window=target.context_window,
+        max_context_window=target.max_context_window,
+    )
+
+
+def _embedding_info(target: EmbeddingTarget, *, category: str | None) -> EmbeddingModelInfo:
+    return EmbeddingModelInfo(
+        handle=target.handle,
+        name=target.handle.partition("/")[2],
+        provider_name=target.provider_name,
+        provider_type=_letta_provider_type(target.provider_type),
+        endpoint_type=_ENDPOINT_TYPE.get(target.provider_type, "openai"),
+        endpoint=target.api_base,
+        provider_category=category,
+        dimension=target.dimension,
+    )
+
+
+def model_list(
+    *,
+    actor: Actor,
+    provider_category: list[str] | None = None,
+    provider_name: str | None = None,
+    provider_type: str | None = None,
+) -> list[ChatModelInfo]:
+    """The chat models this organisation can use, each resolved as an agent with its handle would be
+    (a provider that cannot serve, e.g. without a key, contributes nothing)."""
+    sources = [
+        s
+        for s in _provider_sources(actor=actor)
+        if (not provider_category or s.category in provider_category)
+        and (not provider_name or s.name == provider_name)
+        and (not provider_type or _letta_provider_type(s.provider_type) == provider_type)
+    ]
+    names = _source_model_names(sources)
+    models = []
+    for source in sources:
+        for name in names[source.name][0]:
+            try:
+                target = resolve_model(f"{source.name}/{name}", organization_id=actor.organization_id)
+            except UnknownModelHandle:
+                continue
+            models.append(_chat_info(target, category=source.category))
+    return models
+
+
+def embedding_model_list(*, actor: Actor) -> list[EmbeddingModelInfo]:
+    """The embedding models this organisation can use (known sizes filled in, others learned on first use)."""
+    sources = _provider_sources(actor=actor)
+    names = _source_model_names(sources)
+    models = []
+    for source in sources:
+        for name in names[source.name][1]:
+            try:
+                target = resolve_embedding(f"{source.name}/{name}", organization_id=actor.organization_id)
+            except UnknownModelHandle:
+                continue
+            models.append(_embedding_info(target, category=source.category))
+    return models
+
+
+def agent_model_infos(
+    *, actor: Actor, agents: Iterable[Agent]
+) -> tuple[dict[str, ChatModelInfo], dict[str, EmbeddingModelInfo]]:
+    """Chat and embedding model descriptions for the agents' handles, resolved once per distinct handle,
+    so an AgentState list costs one query per distinct handle, not per agent. A handle that no longer
+    resolves (provider removed, key unset) is still described, from the handle alone."""
+    agents = list(agents)
+    byok = set(Provider.objects.for_actor(actor).values_list("name", flat=True))
+
+    def category(handle: str) -> str:
+        return "byok" if handle.partition("/")[0] in byok else "base"
+
+    chats: dict[str, ChatModelInfo] = {}
+    for handle in sorted({a.model for a in agents if a.model}):
+        try:
+            target = resolve_model(handle, organization_id=actor.organization_id)
+        except UnknownModelHandle:
+            chats[handle] = _unresolved_chat_info(handle)
+        else:
+            chats[handle] = _chat_info(target, category=category(handle))
+    embeddings: dict[str, EmbeddingModelInfo] = {}
+    for handle in sorted({a.embedding for a in agents if a.embedding}):
+        try:
+            embedding_target = resolve_embedding(handle, organization_id=actor.organization_id)
+        except UnknownModelHandle:
+            embeddings[handle] = _unresolved_embedding_info(handle)
+        else:
+            embeddings[handle] = _embedding_info(embedding_target, category=category(handle))
+    return chats, embeddings
+
+
+def _guessed_provider_type(handle: str) -> str:
+    prefix = handle.partition("/")[0]
+    return prefix if prefix in ("anthropic", "ollama") else "openai"
+
+
+def _unresolved_chat_info(handle: str) -> ChatModelInfo:
+    provider_name, _, name = handle.partition("/")
+    provider_type = _guessed_provider_type(handle)
+    return ChatModelInfo(
+        handle=handle,
+        name=name,
+        provider_name=provider_name,
+        provider_type=provider_type,
+        endpoint_type=provider_type,
+        endpoint=None,
+        provider_category=None,
+        context_window=DEFAULT_CONTEXT_WINDOW,
+        max_context_window=DEFAULT_CONTEXT_WINDOW,
+    )
+
+
+def _unresolved_embedding_info(handle: str) -> EmbeddingModelInfo:
+    provider_name, _, name = handle.partition("/")
+    provider_type = _guessed_provider_type(handle)
+    return EmbeddingModelInfo(
+        handle=handle,
+        name=name,
+        provider_name=provider_name,
+        provider_type=provider_type,
+        endpoint_type=provider_type,
+        endpoint=None,
+        provider_category=None,
+        dimension=EMBEDDING_DIMENSIONS.get(name.split(":", 1)[0]),
+    )
+
+
+# --- Reads behind the /v1 message, run, step and conversation endpoints ------------------------------------
+
+ACTIVE_RUN_STATUSES = (Run.Status.CREATED, Run.Status.RUNNING)
+TERMINAL_RUN_STATUSES = (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
+
+
+def agent_require(*, actor: Actor, agent_id: str) -> None:
+    """Raises AgentNotFound unless the agent exists in the actor's organisation (one cheap query)."""
+    _require_agent(actor=actor, agent_id=agent_id)
+
+
+def conversation_get(*, actor: Actor, conversation_id: str, agent_id: str | None = None) -> Conversation:
+    """Raises NotFound, also for another organisation's conversation (or another agent's, given agent_id)."""
+    qs = Conversation.objects.for_actor(actor).filter(id=conversation_id)
+    if agent_id is not None:
+        qs = qs.filter(agent_id=agent_id)
+    conversation = qs.first()
+    if conversation is None:
+        raise NotFound(f"Conversation with id '{conversation_id}' not found")
+    return conversation
+
+
+def conversation_list(
+    *, actor: Actor, agent_id: str | None = None, summary_search: str | None = None
+) -> QuerySet[Conversation]:
+    qs = Conversation.objects.for_actor(actor)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if summary_search:
+        qs = qs.filter(summary__icontains=summary_search)
+    return qs
+
+
+def _visible_messages(qs: QuerySet[Message], *, include_system: bool) -> QuerySet[Message]:
+    """System messages (the loop's alerts) are hidden from history unless asked for, as Letta hides them."""
+    return qs if include_system else qs.exclude(role=Message.Role.SYSTEM)
+
+
+def agent_message_list(
+    *, actor: Actor, agent_id: str, conversation_id: str | None = None, include_system: bool = False
+) -> QuerySet[Message]:
+    """Every stored message (recall, not only the context window) of the agent's default thread, or of one
+    of its conversations. Raises AgentNotFound, NotFound (conversation)."""
+    _require_agent(actor=actor, agent_id=agent_id)
+    qs = Message.objects.for_actor(actor).filter(agent_id=agent_id)
+    if conversation_id:
+        conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent_id)
+        qs = qs.filter(conversation_id=conversation_id)
+    else:
+        qs = qs.filter(conversation__isnull=True)
+    return _visible_messages(qs, include_system=include_system)
+
+
+def message_list(
+    *, actor: Actor, conversation_id: str | None = None, include_system: bool = False
+) -> QuerySet[Message]:
+    """The organisation's messages, across agents (GET /v1/messages/)."""
+    qs = Message.objects.for_actor(actor)
+    if conversation_id:
+        qs = qs.filter(conversation_id=conversation_id)
+    return _visible_messages(qs, include_system=include_system)
+
+
+def message_get(*, actor: Actor, message_id: str) -> Message:
+    """Raises NotFound, also for another organisation's message."""
+    message = Message.objects.for_actor(actor).filter(id=message_id).first()
+    if message is None:
+        raise NotFound(f"Message with id '{message_id}' not found")
+    return message
+
+
+def run_message_list(*, actor: Actor, run_id: str, include_system: bool = False) -> QuerySet[Message]:
+    """The run's messages: its input and what the agent produced. Raises NotFound."""
+    run_get(actor=actor, run_id=run_id)
+    qs = Message.objects.for_actor(actor).filter(run_id=run_id)
+    return _visible_messages(qs, include_system=include_system)
+
+
+def step_message_list(*, actor: Actor, step_id: str) -> QuerySet[Message]:
+    """The messages one step produced. Raises NotFound."""
+    step_get(actor=actor, step_id=step_id)
+    return Message.objects.for_actor(actor).filter(step_id=step_id)
+
+
+def message_page(
+    qs: QuerySet[Message],
+    *,
+    actor: Actor,
+    before: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+    order: str = "desc",
+) -> list[Message]:
+    """One page of messages with Letta's message cursor semantics (letta_api.md 1.6).
+
+    `after`/`before` compare the message sequence whatever the order (an unknown cursor gives an empty
+    page); `desc` takes the newest `limit` messages and returns them oldest first, `asc` the oldest. One
+    query: the cursors are subqueries.
+    """
+    for cursor, lookup in ((after, "sequence_id__gt"), (before, "sequence_id__lt")):
+        if cursor:
+            position = Message.objects.for_actor(actor).filter(id=cursor).values("sequence_id")[:1]
+            qs = qs.filter(**{lookup: Subquery(position)})
+    if order == "asc":
+        return list(qs.order_by("sequence_id")[:limit])
+    return list(reversed(qs.order_by("-sequence_id")[:limit]))
+
+
+def run_get(*, actor: Actor, run_id: str) -> Run:
+    """Raises NotFound, also for another organisation's run."""
+    run = Run.objects.for_actor(actor).filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"Run with id '{run_id}' not found")
+    return run
+
+
+def run_list(
+    *,
+    actor: Actor,
+    agent_id: str | None = None,
+    statuses: list[str] | None = None,
+    active: bool = False,
+    background: bool | None = None,
+    stop_reason: str | None = None,
+    conversation_id: str | None = None,
+) -> QuerySet[Run]:
+    """Runs, filtered; `active` keeps those not finished yet (created or running)."""
+    qs = Run.objects.for_actor(actor)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if statuses:
+        qs = qs.filter(status__in=statuses)
+    if active:
+        qs = qs.filter(status__in=ACTIVE_RUN_STATUSES)
+    if background is not None:
+        qs = qs.filter(background=background)
+    if stop_reason:
+        qs = qs.filter(stop_reason=stop_reason)
+    if conversation_id:
+        qs = qs.filter(conversation_id=conversation_id)
+    return qs
+
+
+def run_find_by_otids(*, actor: Actor, agent_id: str, otids: list[str]) -> Run | None:
+    """The run that already took a message with one of these client ids (otid) for this agent: a resent
+    request (an SDK retry after a timeout) is answered from it instead of running twice."""
+    wanted = [otid for otid in otids if otid]
+    if not wanted:
+        return None
+    message = (
+        Message.objects.for_actor(actor)
+        .filter(agent_id=agent_id, otid__in=wanted, run__isnull=False)
+        .select_related("run")
+        .order_by("sequence_id")
+        .first()
+    )
+    return message.run if message is not None else None
+
+
+def run_usage(*, actor: Actor, run_id: str) -> dict[str, int | None]:
+    """Token totals over the run's steps. Raises NotFound."""
+    run_get(actor=actor, run_id=run_id)
+    totals = (
+        Step.objects.for_actor(actor)
+        .filter(run_id=run_id)
+        .aggregate(
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+            total_tokens=Sum("total_tokens"),
+            reasoning_tokens=Sum("reasoning_tokens"),
+            cached_input_tokens=Sum("cached_input_tokens"),
+            step_count=Count("id"),
+        )
+    )
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        totals[key] = totals[key] or 0
+    return totals
+
+
+def agent_approval_tool_names(*, actor: Actor, agent_id: str) -> frozenset[str]:
+    """Names of the agent's tools whose calls wait for a human decision (requires_approval rules and
+    tools approved by default); client-side tools of a request come on top."""
+    agent = Agent.objects.for_actor(actor).filter(id=agent_id).values("tool_rules").first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    by_rule = {
+        rule.get("tool_name")
+        for rule in agent["tool_rules"] or []
+        if isinstance(rule, dict) and rule.get("type") == "requires_approval"
+    }
+    by_default = Tool.objects.for_actor(actor).filter(
+        agent_attachments__agent_id=agent_id, default_requires_approval=True
+    )
+    return frozenset({name for name in by_rule if name} | set(by_default.values_list("name", flat=True)))
+
+
+def step_get(*, actor: Actor, step_id: str) -> Step:
+    """Raises NotFound, also for another organisation's step."""
+    step = Step.objects.for_actor(actor).filter(id=step_id).first()
+    if step is None:
+        raise NotFound(f"Step with id '{step_id}' not found")
+    return step
+
+
+def step_list(
+    *,
+    actor: Actor,
+    agent_id: str | None = None,
+    run_id: str | None = None,
+    model: str | None = None,
+    feedback: str | None = None,
+    has_feedback: bool | None = None,
+    tags: list[str] | None = None,
+    start_date: datetime | None = None,
+    end_date: datetime | None = None,
+) -> QuerySet[Step]:
+    qs = Step.objects.for_actor(actor)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if run_id:
+        qs = qs.filter(run_id=run_id)
+    if model:
+        qs = qs.filter(Q(model=model) | Q(model_handle=model))
+    if feedback:
+        qs = qs.filter(feedback=feedback)
+    if has_feedback is not None:
+        qs = qs.exclude(feedback="") if has_feedback else qs.filter(feedback="")
+    if tags:
+        qs = qs.filter(tags__overlap=tags)
+    if start_date:
+        qs = qs.filter(created_at__gte=start_date)
+    if end_date:
+        qs = qs.filter(created_at__lte=end_date)
     return qs

@@ -2,8 +2,12 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.db import transaction
@@ -11,7 +15,7 @@ from django.db import transaction
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of
 from apps.agents.loop.events import EventSink
-from apps.agents.loop.runner import TurnResult, Usage, execute_run, execute_run_streamed
+from apps.agents.loop.runner import RunDeferred, TurnResult, Usage, execute_run, execute_run_streamed
 from apps.agents.models import (
     Agent,
     AgentSecret,
@@ -22,19 +26,23 @@ from apps.agents.models import (
     Run,
     StopReason,
 )
-from apps.agents.selectors import agent_get
+from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
+from apps.agents.selectors import agent_block_get_by_label, agent_get
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound
+from apps.llm.errors import UnknownModelHandle
+from apps.llm.handles import resolve_model
 from apps.memory import services as memory_services
-from apps.memory.errors import DuplicateBlockLabel
-from apps.memory.models import Block
+from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
+from apps.memory.models import AgentBlock, Block
 from apps.memory.selectors import block_get
+from apps.memory.services import UNSET
 from apps.streams.events import follow_events
 from apps.tools.builtin import BUILTIN_TOOLS, base_tool_names
 from apps.tools.models import Tool
 from apps.tools.rules import dump_tool_rules, parse_tool_rules
-from apps.tools.selectors import tools_by_name
+from apps.tools.selectors import tool_get, tools_by_name
 from apps.tools.services import tool_upsert_builtins
 
 AGENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9 _'\-]+$")
@@ -154,7 +162,29 @@ def agent_create(
         AgentTool.objects.get_or_create(agent=agent, tool=tool)
     for key, value in (secrets_ or {}).items():
         AgentSecret.objects.for_actor(actor).create(agent=agent, key=key, value=value)
+    if enable_sleeptime and agent_type != AgentType.SLEEPTIME:
+        _create_sleeptime_agent(actor=actor, primary=agent)
     return agent
+
+
+def _create_sleeptime_agent(*, actor: Actor, primary: Agent) -> Agent:
+    """Letta's background memory agent: same model, the primary's blocks (shared, not copied), the
+    sleeptime memory tools, and memory_finish_edits as its way to end a turn."""
+    sleeptime = agent_create(
+        actor=actor,
+        name=f"{primary.name}-sleeptime"[:200],
+        agent_type=AgentType.SLEEPTIME,
+        system=SLEEPTIME_SYSTEM_PROMPT,
+        model=primary.model,
+        embedding=primary.embedding,
+        context_window_limit=primary.context_window_limit,
+        block_ids=list(primary.blocks.values_list("id", flat=True)),
+        tool_rules=[{"type": "exit_loop", "tool_name": "memory_finish_edits"}],
+        tags=primary.tags,
+    )
+    primary.sleeptime_agent = sleeptime
+    primary.save(update_fields=["sleeptime_agent", "updated_at"])
+    return sleeptime
 
 
 def _tools_by_name(
@@ -282,7 +312,8 @@ def run_create(
 ) -> Run:
     """Persist the input (user messages and/or an approval decision) and a Run that will process it.
 
-    The input is committed before any LLM call, so a crash never loses a user message.
+    The input is committed before any LLM call, so a crash never loses a user message; it joins the
+    in-context messages when the run starts.
     Raises PendingApproval (409) for a normal message while a call awaits approval, NoPendingApproval or
     InvalidInput for an approval that matches nothing.
     """
@@ -356,14 +387,9 @@ def run_create(
                 sender_id=message.sender_id,
             )
         )
+    # The input enters the context window when its run starts (runs of one conversation queue up, and
+    # each must see only what came before it); until then it is stored, and searchable, like any message.
     Message.all_objects.bulk_create(rows)
-    ids = [m.id for m in rows]
-    if conversation is not None:
-        conversation.message_ids = [*conversation.message_ids, *ids]
-        conversation.save(update_fields=["message_ids", "updated_at"])
-    else:
-        agent.message_ids = [*agent.message_ids, *ids]
-        agent.save(update_fields=["message_ids", "updated_at"])
     return run
 
 
@@ -373,11 +399,26 @@ def agent_send_message(
     """Persist the input and process it now, in this process (the workers issue moves execution to Celery;
     see run_create for the input and its errors)."""
     run = run_create(actor=actor, agent_id=agent_id, **inputs)
-    result = execute_run(run.id, sink=sink)
+    result = _execute_when_its_turn(lambda: execute_run(run.id, sink=sink))
     if result is None:  # claimed by someone else in between: report its current state
         run.refresh_from_db()
         return TurnResult(run=run, messages=[], stop_reason=run.stop_reason, usage=Usage())
     return result
+
+
+def _execute_when_its_turn(
+    execute: Callable[[], TurnResult | None], timeout_s: float = 600
+) -> TurnResult | None:
+    """In-process execution waits (instead of a worker's retry) while an earlier run of the conversation
+    is unfinished."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return execute()
+        except RunDeferred:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 @transaction.atomic
@@ -405,7 +446,7 @@ def run_submit(run: Run) -> None:
     """Have the run executed once the current transaction commits (by a worker, or in this process
     when RUN_EXECUTOR=in_process). Its events arrive in the run's stream (apps.streams.events)."""
     if settings.RUN_EXECUTOR == "in_process":
-        transaction.on_commit(lambda: execute_run_streamed(run.id))
+        transaction.on_commit(lambda: _execute_when_its_turn(lambda: execute_run_streamed(run.id)))
     else:
         transaction.on_commit(lambda: execute_run_task.delay(run.id))
 
@@ -459,3 +500,308 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
         usage=usage,
         finished=finished or run.status in (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED),
     )
+
+
+# --- Writes behind the /v1 agent and core-memory endpoints -------------------------------------------------
+
+MODEL_SETTINGS_FIELDS = {
+    "temperature": "temperature",
+    "max_output_tokens": "max_tokens",
+    "parallel_tool_calls": "parallel_tool_calls",
+}
+"""Letta's model_settings keys kept as Agent columns (the loop reads them); other keys are kept verbatim."""
+TERMINAL_BASE_TOOLS = frozenset({"send_message", "send_message_to_agent_async", "memory_finish_edits"})
+DEFAULT_TEMPERATURE = 0.7
+
+
+def validate_timezone(name: str) -> str:
+    """An IANA zone name (the agent's clock in prompts and tool timestamps). Raises InvalidInput."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidInput(f"Unknown timezone {name!r}: use an IANA name such as 'Europe/Paris'") from exc
+    return name
+
+
+def validate_handle(handle: str, *, kind: str) -> str:
+    """Shape only ('provider/model'): whether a provider can serve it is decided at call time."""
+    if handle and "/" not in handle:
+        raise InvalidInput(f"Invalid {kind} handle {handle!r}: expected 'provider/model-name'")
+    return handle
+
+
+def validate_context_window_limit(*, actor: Actor, model: str, limit: int | None) -> None:
+    """Refuse a limit above what the model is known to accept (ContextWindowLimitTooLarge), now rather
+    than at the first run. A handle that cannot be resolved yet (no key configured) is not judged here."""
+    if not model or limit is None:
+        return
+    try:
+        resolve_model(model, organization_id=actor.organization_id, context_window_limit=limit)
+    except UnknownModelHandle:
+        return
+
+
+def split_model_settings(model_settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Agent column values, provider extras). `provider_type` is dropped: the handle decides it."""
+    columns = {
+        column: model_settings[key] for key, column in MODEL_SETTINGS_FIELDS.items() if key in model_settings
+    }
+    extras = {
+        key: value
+        for key, value in model_settings.items()
+        if key not in MODEL_SETTINGS_FIELDS and key != "provider_type"
+    }
+    return columns, extras
+
+
+def base_tool_rules(*, agent: Agent, tool_rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Letta's `include_base_tool_rules`: exit_loop for terminal base tools, continue_loop for the others,
+    for each attached base tool that has no loop rule yet."""
+    base = set(base_tool_names(agent.agent_type, enable_sleeptime=agent.enable_sleeptime))
+    ruled = {r.get("tool_name") for r in tool_rules if r.get("type") in ("exit_loop", "continue_loop")}
+    names = sorted(base & {t.name for t in agent.tools.all()} - ruled)
+    return [
+        *tool_rules,
+        *(
+            {"type": "exit_loop" if n in TERMINAL_BASE_TOOLS else "continue_loop", "tool_name": n}
+            for n in names
+        ),
+    ]
+
+
+@transaction.atomic
+def agent_create_with_settings(
+    *,
+    actor: Actor,
+    model_settings: dict[str, Any] | None = None,
+    compaction_settings: dict[str, Any] | None = None,
+    message_buffer_autoclear: bool = False,
+    hidden: bool = False,
+    include_base_tool_rules: bool = False,
+    timezone_name: str = "UTC",
+    embedding: str = "",
+    **fields: Any,
+) -> Agent:
+    """`agent_create` plus what Letta's CreateAgent adds on top: model_settings (columns and provider extras),
+    compaction settings, the base tool rules, a validated timezone. Raises what agent_create raises."""
+    columns, extras = split_model_settings(model_settings or {})
+    validate_context_window_limit(
+        actor=actor, model=fields.get("model", ""), limit=fields.get("context_window_limit")
+    )
+    agent = agent_create(
+        actor=actor,
+        timezone_name=validate_timezone(timezone_name),
+        embedding=validate_handle(embedding, kind="embedding"),
+        **{**fields, **columns},
+    )
+    agent.model_settings = extras
+    agent.compaction_settings = compaction_settings or {}
+    agent.message_buffer_autoclear = message_buffer_autoclear
+    agent.hidden = hidden
+    if include_base_tool_rules:
+        agent.tool_rules = dump_tool_rules(
+            parse_tool_rules(base_tool_rules(agent=agent, tool_rules=agent.tool_rules))
+        )
+    agent.save(
+        update_fields=[
+            "model_settings",
+            "compaction_settings",
+            "message_buffer_autoclear",
+            "hidden",
+            "tool_rules",
+            "updated_at",
+        ]
+    )
+    return agent
+
+
+def _lock_agent(*, actor: Actor, agent_id: str) -> Agent:
+    agent = Agent.objects.for_actor(actor).select_for_update().filter(id=agent_id).first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    return agent
+
+
+@transaction.atomic
+def agent_update(
+    *,
+    actor: Actor,
+    agent_id: str,
+    name: str = UNSET,
+    description: str | None = UNSET,
+    system: str | None = UNSET,
+    tags: list[str] | None = UNSET,
+    metadata: dict[str, Any] | None = UNSET,
+    model: str = UNSET,
+    embedding: str | None = UNSET,
+    context_window_limit: int | None = UNSET,
+    model_settings: dict[str, Any] | None = UNSET,
+    compaction_settings: dict[str, Any] | None = UNSET,
+    timezone_name: str | None = UNSET,
+    secrets_: dict[str, str] | None = UNSET,
+    message_buffer_autoclear: bool = UNSET,
+    enable_sleeptime: bool = UNSET,
+    hidden: bool = UNSET,
+    tool_ids: list[str] = UNSET,
+    block_ids: list[str] = UNSET,
+    tool_rules: list[Any] | None = UNSET,
+    message_ids: list[str] = UNSET,
+    last_run_completion: datetime | None = UNSET,
+    last_run_duration_ms: int | None = UNSET,
+    last_stop_reason: str | None = UNSET,
+) -> Agent:
+    """Change any subset of an agent (UNSET = keep; None = clear back to the default).
+
+    Turning sleeptime on creates the sleeptime agent (as agent_create does); turning it off unlinks it.
+    List fields (tags, tool_ids, block_ids, message_ids, secrets) replace the whole set. Only changed
+    columns are written, so a run saving message_ids meanwhile is not overwritten by an unrelated edit.
+    Raises AgentNotFound, InvalidInput (bad name, handle, timezone, tool rules, unknown tool or message
+    ids), BlockNotFound and DuplicateBlockLabel; nothing is written when it raises.
+    """
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    changes: dict[str, Any] = {}
+    if name is not UNSET:
+        changes["name"] = validate_agent_name(name)
+    if description is not UNSET:
+        changes["description"] = description or ""
+    if system is not UNSET:
+        changes["system"] = system or ""
+    if tags is not UNSET:
+        changes["tags"] = sorted(set(tags or []))
+    if metadata is not UNSET:
+        changes["metadata"] = metadata or {}
+    if model is not UNSET:
+        changes["model"] = validate_handle(model, kind="model")
+    if embedding is not UNSET:
+        changes["embedding"] = validate_handle(embedding or "", kind="embedding")
+        if changes["embedding"] != agent.embedding:
+            changes["embedding_dim"] = None  # learned again from the new model's first call
+    if context_window_limit is not UNSET:
+        changes["context_window_limit"] = context_window_limit
+    if model_settings is not UNSET:
+        columns, extras = split_model_settings(model_settings or {})
+        if model_settings is None:
+            columns = {"temperature": DEFAULT_TEMPERATURE, "max_tokens": None, "parallel_tool_calls": False}
+        changes |= {**columns, "model_settings": extras}
+    if compaction_settings is not UNSET:
+        changes["compaction_settings"] = compaction_settings or {}
+    if timezone_name is not UNSET:
+        changes["timezone"] = validate_timezone(timezone_name or "UTC")
+    if message_buffer_autoclear is not UNSET:
+        changes["message_buffer_autoclear"] = message_buffer_autoclear
+    if enable_sleeptime is not UNSET:
+        changes["enable_sleeptime"] = enable_sleeptime
+        if not enable_sleeptime:
+            changes["sleeptime_agent"] = None  # unlinked, not deleted: it is an agent the user can see
+    if hidden is not UNSET:
+        changes["hidden"] = hidden
+    if tool_rules is not UNSET:
+        changes["tool_rules"] = dump_tool_rules(parse_tool_rules(tool_rules or []))
+    if message_ids is not UNSET:
+        changes["message_ids"] = _validated_message_ids(actor=actor, agent=agent, message_ids=message_ids)
+    if last_run_completion is not UNSET:
+        changes["last_run_completion"] = last_run_completion
+    if last_run_duration_ms is not UNSET:
+        changes["last_run_duration_ms"] = last_run_duration_ms
+    if last_stop_reason is not UNSET:
+        changes["last_stop_reason"] = last_stop_reason or ""
+
+    if tool_ids is not UNSET:
+        _replace_tools(actor=actor, agent=agent, tool_ids=tool_ids)
+    if block_ids is not UNSET:
+        _replace_blocks(actor=actor, agent=agent, block_ids=block_ids)
+    if secrets_ is not UNSET:
+        _replace_secrets(actor=actor, agent=agent, secrets_=secrets_ or {})
+
+    if "model" in changes or changes.get("context_window_limit") is not None:
+        validate_context_window_limit(
+            actor=actor,
+            model=changes.get("model", agent.model),
+            limit=changes.get("context_window_limit", agent.context_window_limit),
+        )
+    for column, value in changes.items():
+        setattr(agent, column, value)
+    agent.last_updated_by_id = actor.user_id
+    agent.save(update_fields=[*changes, "last_updated_by", "updated_at"])
+    if (
+        agent.enable_sleeptime
+        and agent.sleeptime_agent_id is None
+        and agent.agent_type != AgentType.SLEEPTIME
+    ):
+        _create_sleeptime_agent(actor=actor, primary=agent)
+    return agent
+
+
+def _validated_message_ids(*, actor: Actor, agent: Agent, message_ids: list[str]) -> list[str]:
+    found = set(
+        Message.objects.for_actor(actor).filter(agent=agent, id__in=message_ids).values_list("id", flat=True)
+    )
+    missing = [m for m in message_ids if m not in found]
+    if missing:
+        raise InvalidInput(f"Messages not found on agent '{agent.id}': {', '.join(missing)}")
+    return list(message_ids)
+
+
+def _replace_tools(*, actor: Actor, agent: Agent, tool_ids: list[str]) -> None:
+    AgentTool.objects.filter(agent=agent).exclude(tool_id__in=tool_ids).delete()
+    for tool_id in dict.fromkeys(tool_ids):
+        agent_attach_tool(actor=actor, agent=agent, tool_id=tool_id)
+
+
+def _replace_blocks(*, actor: Actor, agent: Agent, block_ids: list[str]) -> None:
+    """Detach first, so a new block may take the label of one it replaces."""
+    AgentBlock.objects.filter(agent=agent).exclude(block_id__in=block_ids).delete()
+    for block_id in dict.fromkeys(block_ids):
+        agent_attach_block(actor=actor, agent=agent, block_id=block_id)
+
+
+def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) -> None:
+    AgentSecret.objects.for_actor(actor).filter(agent=agent).exclude(key__in=list(secrets_)).delete()
+    for key, value in secrets_.items():
+        AgentSecret.objects.for_actor(actor).update_or_create(agent=agent, key=key, defaults={"value": value})
+
+
+@transaction.atomic
+def agent_attach_tool_by_id(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
+    """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    tool = tool_get(actor=actor, tool_id=tool_id)
+    AgentTool.objects.get_or_create(agent=agent, tool=tool)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
+    """Detach a tool; detaching one that is not attached is a no-op. Raises AgentNotFound, NotFound."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    tool = tool_get(actor=actor, tool_id=tool_id)
+    AgentTool.objects.filter(agent=agent, tool=tool).delete()
+    return agent
+
+
+@transaction.atomic
+def agent_attach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+    """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    agent_attach_block(actor=actor, agent=agent, block_id=block_id)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+    """Detach a block; the block itself survives. Raises AgentNotFound, BlockNotFound (also when the block
+    exists but is not attached to this agent)."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    block = block_get(actor=actor, block_id=block_id)
+    if not memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id):
+        raise BlockNotFound(f"Block with id '{block_id}' is not attached to agent '{agent_id}'")
+    return agent
+
+
+def agent_block_update_by_label(*, actor: Actor, agent_id: str, block_label: str, **fields: Any) -> Block:
+    """Edit the agent's block with this label as the acting user (recorded in the block's history).
+
+    Raises AgentNotFound, BlockNotFound, BlockTooLong, DuplicateBlockLabel.
+    """
+    block = agent_block_get_by_label(actor=actor, agent_id=agent_id, label=block_label)
+    return memory_services.block_update(actor=actor, block_id=block.id, **fields)

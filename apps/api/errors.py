@@ -8,6 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from apps.agents.errors import PendingApproval
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
 
 STATUS_FOR: dict[type[DomainError], int] = {
@@ -34,7 +35,25 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
     return [f"{prefix.rstrip('.')}: {detail}" if prefix else str(detail)]
 
 
+def pending_approval_response(exc: PendingApproval) -> Response:
+    """Letta's sync-send body for a message sent while a tool call awaits approval; never retried."""
+    response = Response(
+        {
+            "detail": {
+                "code": "PENDING_APPROVAL",
+                "message": exc.message,
+                "pending_request_id": exc.pending_request_id,
+            }
+        },
+        status=status.HTTP_409_CONFLICT,
+    )
+    response["x-should-retry"] = "false"
+    return response
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, PendingApproval):
+        return pending_approval_response(exc)
     if isinstance(exc, DomainError):
         return Response({"detail": exc.message, "code": exc.code}, status=status_for(exc))
     if isinstance(exc, exceptions.ValidationError):

@@ -7,10 +7,30 @@ Each resource module owns its patterns; order matters where a static segment com
 from django.urls import re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from apps.api.views import blocks
+from apps.api.views import (
+    agent_file,
+    agents,
+    archival,
+    blocks,
+    conversations,
+    messages,
+    models,
+    runs,
+    steps,
+    tools,
+)
 
 urlpatterns = [
+    *agent_file.urlpatterns,  # first: /v1/agents/import before any /v1/agents/{agent_id}
+    *tools.urlpatterns,
+    *archival.urlpatterns,
     *blocks.urlpatterns,
+    *agents.urlpatterns,
+    *models.urlpatterns,
+    *messages.urlpatterns,
+    *runs.urlpatterns,
+    *steps.urlpatterns,
+    *conversations.urlpatterns,
     re_path(r"^openapi\.json$", SpectacularAPIView.as_view(), name="openapi-schema"),
     re_path(r"^docs/?$", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
 ]

@@ -68,9 +68,25 @@ class _SSEDrainingTransport(httpx.HTTPTransport):
 litellm.telemetry = False
 litellm.suppress_debug_info = True
 litellm.disable_hf_tokenizer_download = True
-if litellm.client_session is None:
-    litellm.client_session = httpx.Client(
+
+
+def _new_http_client() -> httpx.Client:
+    return httpx.Client(
         transport=_SSEDrainingTransport(verify=get_ssl_configuration()), follow_redirects=True
     )
+
+
+def _fresh_clients_after_fork() -> None:
+    """A forked child (a Celery prefork worker) must not share its parent's sockets or pool locks:
+    give it its own HTTP client and drop litellm's cached provider clients built on the old one."""
+    litellm.client_session = _new_http_client()
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    if cache is not None and hasattr(cache, "flush_cache"):
+        cache.flush_cache()
+
+
+if litellm.client_session is None:
+    litellm.client_session = _new_http_client()
+os.register_at_fork(after_in_child=_fresh_clients_after_fork)
 
 __all__ = ["litellm"]

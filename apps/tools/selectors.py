@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from django.db.models import QuerySet
 
 from apps.core.actor import Actor
@@ -21,3 +23,79 @@ def tool_get(*, actor: Actor, tool_id: str) -> Tool:
 
 def tools_by_name(*, actor: Actor, names: list[str]) -> dict[str, Tool]:
     return {t.name: t for t in Tool.objects.for_actor(actor).filter(name__in=names)}
+
+
+# --- the /v1/tools API: filtered lists, lookups by name, search ------------------------------------
+
+LETTA_TOOL_TYPE_PREFIX = "letta_"
+
+
+def tool_list_filtered(
+    *,
+    actor: Actor,
+    names: list[str] | None = None,
+    tool_ids: list[str] | None = None,
+    search: str | None = None,
+    tool_types: list[str] | None = None,
+    exclude_tool_types: list[str] | None = None,
+    letta_only: bool = False,
+) -> QuerySet[Tool]:
+    """The organisation's tools filtered as Letta's list endpoint does (every filter optional, all ANDed):
+    exact `names`, `tool_ids`, a case-insensitive `search` in the name, (excluded) `tool_types`, and
+    `letta_only` for the built-ins (tool types starting with `letta_`)."""
+    qs = Tool.objects.for_actor(actor)
+    if names:
+        qs = qs.filter(name__in=names)
+    if tool_ids:
+        qs = qs.filter(id__in=tool_ids)
+    if search:
+        qs = qs.filter(name__icontains=search)
+    if tool_types:
+        qs = qs.filter(tool_type__in=tool_types)
+    if exclude_tool_types:
+        qs = qs.exclude(tool_type__in=exclude_tool_types)
+    if letta_only:
+        qs = qs.filter(tool_type__startswith=LETTA_TOOL_TYPE_PREFIX)
+    return qs
+
+
+def tool_get_by_name(*, actor: Actor, name: str) -> Tool | None:
+    """The organisation's tool called `name`, or None."""
+    return Tool.objects.for_actor(actor).filter(name=name).first()
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def tool_search(
+    *,
+    actor: Actor,
+    query: str | None = None,
+    tool_types: list[str] | None = None,
+    tags: list[str] | None = None,
+    limit: int = 50,
+) -> list[tuple[Tool, float]]:
+    """Tools ranked by how many of the query's words appear in their name, description or tags.
+
+    A keyword ranking, not Letta's vector search (which needs tool embeddings): the score is the share
+    of query words found, ties broken by name. Without a query every (filtered) tool scores 0.
+    """
+    qs = Tool.objects.for_actor(actor)
+    if tool_types:
+        qs = qs.filter(tool_type__in=tool_types)
+    if tags:
+        qs = qs.filter(tags__overlap=tags)
+    words = set(_WORD.findall((query or "").lower()))
+    ranked: list[tuple[Tool, float]] = []
+    for tool in qs.order_by("name"):
+        if not words:
+            ranked.append((tool, 0.0))
+            continue
+        haystack = set(
+            _WORD.findall(f"{tool.name.replace('_', ' ')} {tool.description} {' '.join(tool.tags)}".lower())
+        )
+        score = len(words & haystack) / len(words)
+        if score > 0:
+            ranked.append((tool, score))
+    ranked.sort(key=lambda pair: (-pair[1], pair[0].name))
+    return ranked[:limit]

@@ -1,10 +1,21 @@
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
+from typing import Any
+
 from django.db import IntegrityError, transaction
 
+from apps.accounts.models import Organization
 from apps.core.actor import Actor
+from apps.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from apps.sandbox.local import Limits, run_tool_locally
+from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
-from apps.tools.models import Tool
+from apps.tools.execution import ToolStatus, cut_to_limit, stringify
+from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
+from apps.tools.schema import ToolSchemaError, generate_schema, parse_google_docstring, validate_tool_name
+from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX
 
 
 def tool_upsert_builtins(
@@ -27,3 +38,353 @@ def tool_upsert_builtins(
                 setattr(tool, key, value)
             tool.save(update_fields=[*definition, "updated_at"])
     return existing
+
+
+# --- user tools through the /v1/tools API: create / upsert by name, update, delete, run, approval rules ---
+
+MAX_RETURN_CHAR_LIMIT = 1_000_000
+"""Letta's upper bound for `return_char_limit`."""
+SOURCE_TYPES = ("python", "typescript")
+_UNSET: Any = object()
+
+
+class BuiltinToolReadOnly(InvalidInput):
+    """Built-in (letta_*) tools are defined by the server: they cannot be created, changed or deleted."""
+
+    code = "builtin_tool_read_only"
+
+
+class ToolNameConflict(Conflict):
+    code = "tool_name_conflict"
+
+
+def is_builtin_tool(tool: Tool) -> bool:
+    """A server-defined tool: a `letta_*` tool type, or a name the server reserves for one."""
+    return tool.tool_type.startswith(LETTA_TOOL_TYPE_PREFIX) or tool.name in BUILTIN_TOOLS
+
+
+def _refuse_builtin(name: str) -> None:
+    if name in BUILTIN_TOOLS:
+        raise BuiltinToolReadOnly(
+            f"Tool '{name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
+        )
+
+
+def _top_level_functions(source_code: str) -> list[str]:
+    try:
+        module = ast.parse(source_code)
+    except (SyntaxError, ValueError) as exc:
+        raise ToolSchemaError(f"tool source does not parse: {exc}") from exc
+    return [n.name for n in module.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def build_tool_schema(
+    *,
+    source_code: str,
+    source_type: str = "python",
+    json_schema: dict[str, Any] | None = None,
+    args_json_schema: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The tool's JSON schema: `json_schema` as given (checked), else one built around `args_json_schema`,
+    else generated from the Python source's signature and docstring.
+
+    Raises ToolSchemaError with the generator's message (e.g. a parameter missing from the docstring).
+    """
+    if source_type not in SOURCE_TYPES:
+        raise ToolSchemaError(f"source_type must be one of {', '.join(SOURCE_TYPES)}, got '{source_type}'")
+    if json_schema is not None:
+        return _checked_json_schema(json_schema, source_code=source_code, source_type=source_type)
+    if source_type != "python":
+        raise ToolSchemaError(
+            f"a {source_type} tool needs a json_schema: schemas are generated from Python source only"
+        )
+    if args_json_schema is not None:
+        functions = _top_level_functions(source_code)
+        if not functions:
+            raise ToolSchemaError("tool source defines no top-level function")
+        if not isinstance(args_json_schema, dict):
+            raise ToolSchemaError("args_json_schema must be a JSON object")
+        module = ast.parse(source_code)
+        function = [n for n in module.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)][-1]
+        docstring = parse_google_docstring(ast.get_docstring(function) or "")
+        return {
+            "name": validate_tool_name(function.name),
+            "description": docstring.description,
+            "parameters": args_json_schema,
+        }
+    return generate_schema(source_code)
+
+
+def _checked_json_schema(schema: dict[str, Any], *, source_code: str, source_type: str) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        raise ToolSchemaError("json_schema must be a JSON object with a 'name'")
+    name = validate_tool_name(schema.get("name"))
+    parameters = schema.get("parameters", {"type": "object", "properties": {}, "required": []})
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise ToolSchemaError("json_schema.parameters must be a JSON schema object ({'type': 'object', ...})")
+    description = schema.get("description", "")
+    if not isinstance(description, str):
+        raise ToolSchemaError("json_schema.description must be a string")
+    if source_type == "python" and name not in _top_level_functions(source_code):
+        raise ToolSchemaError(
+            f"json_schema names the tool '{name}', but the source has no top-level function '{name}'"
+        )
+    return {**schema, "name": name, "description": description, "parameters": parameters}
+
+
+def _check_return_limit(limit: int | None) -> None:
+    if limit is not None and not 1 <= limit <= MAX_RETURN_CHAR_LIMIT:
+        raise InvalidInput(f"return_char_limit must be between 1 and {MAX_RETURN_CHAR_LIMIT}, got {limit}")
+
+
+@transaction.atomic
+def tool_upsert(
+    *,
+    actor: Actor,
+    source_code: str,
+    source_type: str = "python",
+    json_schema: dict[str, Any] | None = None,
+    args_json_schema: dict[str, Any] | None = None,
+    description: str | None = None,
+    tags: list[str] | None = None,
+    return_char_limit: int | None = None,
+    pip_requirements: list[dict[str, Any]] | None = None,
+    npm_requirements: list[dict[str, Any]] | None = None,
+    default_requires_approval: bool | None = None,
+    enable_parallel_execution: bool | None = None,
+    metadata: dict[str, Any] | None = None,
+    tool_type: str = Tool.Type.CUSTOM,
+) -> Tool:
+    """Create the tool named by its schema, or update the organisation's tool of that name (Letta's POST
+    and PUT both upsert by name). None = keep (or default, for a new tool).
+
+    Raises ToolSchemaError (bad source or schema), BuiltinToolReadOnly (a built-in's name), InvalidInput.
+    """
+    schema = build_tool_schema(
+        source_code=source_code,
+        source_type=source_type,
+        json_schema=json_schema,
+        args_json_schema=args_json_schema,
+    )
+    name = schema["name"]
+    _refuse_builtin(name)
+    _check_return_limit(return_char_limit)
+    given = {
+        "description": description,
+        "tags": tags,
+        "return_char_limit": return_char_limit,
+        "pip_requirements": pip_requirements,
+        "npm_requirements": npm_requirements,
+        "default_requires_approval": default_requires_approval,
+        "enable_parallel_execution": enable_parallel_execution,
+        "metadata": metadata,
+    }
+    fields = {key: value for key, value in given.items() if value is not None}
+    fields |= {
+        "source_code": source_code,
+        "source_type": source_type,
+        "json_schema": schema,
+        "args_json_schema": args_json_schema,
+        "tool_type": tool_type,
+        "last_updated_by_id": actor.user_id,
+    }
+    tools = Tool.objects.for_actor(actor)
+    existing = tools.select_for_update().filter(name=name).first()
+    if existing is None:
+        fields.setdefault("description", schema.get("description", ""))
+        try:
+            with transaction.atomic():
+                return tools.create(name=name, created_by_id=actor.user_id, **fields)
+        except IntegrityError:  # created concurrently under the same name: update that one instead
+            existing = tools.select_for_update().get(name=name)
+    if is_builtin_tool(existing):
+        _refuse_builtin(existing.name)
+    if description is None:
+        fields["description"] = schema.get("description", "") or existing.description
+    for key, value in fields.items():
+        setattr(existing, key, value)
+    existing.save()
+    return existing
+
+
+@transaction.atomic
+def tool_update(
+    *,
+    actor: Actor,
+    tool_id: str,
+    source_code: str = _UNSET,
+    source_type: str = _UNSET,
+    json_schema: dict[str, Any] = _UNSET,
+    args_json_schema: dict[str, Any] = _UNSET,
+    description: str = _UNSET,
+    tags: list[str] = _UNSET,
+    return_char_limit: int = _UNSET,
+    pip_requirements: list[dict[str, Any]] = _UNSET,
+    npm_requirements: list[dict[str, Any]] = _UNSET,
+    default_requires_approval: bool = _UNSET,
+    enable_parallel_execution: bool = _UNSET,
+    metadata: dict[str, Any] = _UNSET,
+) -> Tool:
+    """Change any subset of a user tool (UNSET = keep). New source (or schema) regenerates the schema, and
+    the tool takes the function's name.
+
+    Raises NotFound, BuiltinToolReadOnly, ToolSchemaError, ToolNameConflict (409) when the new name is taken.
+    """
+    tool = Tool.objects.for_actor(actor).select_for_update().filter(id=tool_id).first()
+    if tool is None:
+        raise NotFound(f"Tool with id '{tool_id}' not found")
+    if is_builtin_tool(tool):
+        raise BuiltinToolReadOnly(
+            f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
+        )
+    if return_char_limit is not _UNSET:
+        _check_return_limit(return_char_limit)
+    schema_inputs = (source_code, source_type, json_schema, args_json_schema)
+    if any(value is not _UNSET for value in schema_inputs):
+        new_source = tool.source_code if source_code is _UNSET else source_code
+        new_args = tool.args_json_schema if args_json_schema is _UNSET else args_json_schema
+        schema = build_tool_schema(
+            source_code=new_source,
+            source_type=tool.source_type if source_type is _UNSET else source_type,
+            json_schema=None if json_schema is _UNSET else json_schema,
+            args_json_schema=new_args,
+        )
+        if schema["name"] != tool.name:
+            _refuse_builtin(schema["name"])
+            if Tool.objects.for_actor(actor).filter(name=schema["name"]).exclude(id=tool.id).exists():
+                raise ToolNameConflict(f"Tool with name '{schema['name']}' already exists")
+        tool.name = schema["name"]
+        tool.json_schema = schema
+        tool.source_code = new_source
+        tool.args_json_schema = new_args
+        if source_type is not _UNSET:
+            tool.source_type = source_type
+        if description is _UNSET:
+            tool.description = schema.get("description", "") or tool.description
+    plain = {
+        "description": description,
+        "tags": tags,
+        "return_char_limit": return_char_limit,
+        "pip_requirements": pip_requirements,
+        "npm_requirements": npm_requirements,
+        "default_requires_approval": default_requires_approval,
+        "enable_parallel_execution": enable_parallel_execution,
+        "metadata": metadata,
+    }
+    for key, value in plain.items():
+        if value is not _UNSET:
+            setattr(tool, key, value)
+    tool.last_updated_by_id = actor.user_id
+    try:
+        with transaction.atomic():
+            tool.save()
+    except IntegrityError as exc:  # renamed concurrently onto a taken name
+        raise ToolNameConflict(f"Tool with name '{tool.name}' already exists") from exc
+    return tool
+
+
+@transaction.atomic
+def tool_delete(*, actor: Actor, tool_id: str) -> None:
+    """Delete a user tool (and detach it from every agent). Raises NotFound, BuiltinToolReadOnly."""
+    tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()
+    if tool is None:
+        raise NotFound(f"Tool with id '{tool_id}' not found")
+    if is_builtin_tool(tool):
+        raise BuiltinToolReadOnly(
+            f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
+        )
+    tool.delete()
+
+
+def tool_rules_with_approval(
+    tool_rules: list[dict[str, Any]], *, tool_name: str, requires_approval: bool
+) -> list[dict[str, Any]]:
+    """`tool_rules` with exactly one `requires_approval` rule for `tool_name` (or none). Pure; the agent
+    layer stores the result (Letta's modify_approvals: other rules keep their order)."""
+    others = [
+        rule
+        for rule in tool_rules
+        if not (rule.get("type") == "requires_approval" and rule.get("tool_name") == tool_name)
+    ]
+    if requires_approval:
+        return [*others, {"type": "requires_approval", "tool_name": tool_name}]
+    return others
+
+
+@dataclass(frozen=True)
+class ToolRunOutcome:
+    name: str
+    status: ToolStatus
+    tool_return: str
+    stdout: list[str]
+    stderr: list[str]
+    sandbox: str = "local"
+
+
+def tool_run(
+    *,
+    actor: Actor,
+    args: dict[str, Any],
+    source_code: str | None = None,
+    tool_id: str | None = None,
+    name: str | None = None,
+    env_vars: dict[str, str] | None = None,
+) -> ToolRunOutcome:
+    """Run a tool's source (given, or a stored user tool's) on `args` in the local sandbox: a separate,
+    limited process, never this one. The organisation's local sandbox variables are set, then `env_vars`.
+
+    Only owners and admins may run code this way: others get PermissionDenied (the API answers 404).
+    Raises NotFound, BuiltinToolReadOnly (built-ins run only inside an agent), ToolSchemaError,
+    InvalidInput (no function to call; the organisation forbids the local sandbox).
+    """
+    if not actor.can_manage:
+        raise PermissionDenied("Not found: running tool code is limited to organization owners and admins")
+    limit = DEFAULT_RETURN_CHAR_LIMIT
+    if tool_id is not None:
+        tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()
+        if tool is None:
+            raise NotFound(f"Tool with id '{tool_id}' not found")
+        if is_builtin_tool(tool):
+            raise BuiltinToolReadOnly(
+                f"Tool '{tool.name}' is a built-in Letta tool: it runs only inside an agent"
+            )
+        source, function, limit = tool.source_code, tool.name, tool.return_char_limit
+    elif source_code is not None:
+        functions = _top_level_functions(source_code)
+        function = name or (functions[-1] if functions else "")
+        if function not in functions:
+            raise ToolSchemaError(
+                f"tool source has no top-level function named '{function}'"
+                if function
+                else "tool source defines no top-level function"
+            )
+        source = source_code
+    else:
+        raise InvalidInput("Give the tool's source_code or a tool_id")
+    organization = Organization.objects.get(id=actor.organization_id)
+    if not organization.allow_local_sandbox:
+        raise InvalidInput("This organization does not allow the local sandbox, so tools cannot be run here.")
+    config = SandboxConfig.objects.for_actor(actor).filter(sandbox_type=SandboxConfig.Type.LOCAL).first()
+    env = {
+        v.key: v.value
+        for v in SandboxEnvironmentVariable.objects.for_actor(actor).filter(sandbox_config=config)
+    }
+    env |= env_vars or {}
+    limits = (
+        Limits(timeout_seconds=config.timeout_seconds, memory_mb=max(config.memory_mb, 256))
+        if config
+        else Limits()
+    )
+    outcome = run_tool_locally(source_code=source, name=function, arguments=args, env=env, limits=limits)
+    if outcome.ok:
+        status: ToolStatus = "success"
+        text = cut_to_limit(stringify(outcome.return_value), limit)
+    else:
+        status, text = "error", f"Error executing tool {function}: {outcome.error}"
+    return ToolRunOutcome(
+        name=function,
+        status=status,
+        tool_return=text,
+        stdout=outcome.stdout.splitlines(),
+        stderr=outcome.stderr.splitlines(),
+    )

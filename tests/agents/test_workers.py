@@ -18,16 +18,23 @@ def submit(actor, agent, content):
 
 def test_a_worker_executes_the_run_and_streams_its_events(make_agent, actor, llm, celery_worker):
     agent = make_agent()
-    llm.push(tool_calls(tool_call("memory_replace", {"label": "human", "old_string": "unknown",
-                                                     "new_string": "Sam"})), text("Hi Sam!"))
+    llm.push(
+        tool_calls(
+            tool_call("memory_replace", {"label": "human", "old_string": "unknown", "new_string": "Sam"})
+        ),
+        text("Hi Sam!"),
+    )
 
     run = submit(actor, agent, "I'm Sam")
     collected = run_collect(actor=actor, run_id=run.id, timeout_s=30)
 
     assert collected.finished is True
-    assert collected.run.status == Run.Status.COMPLETED
+    assert (collected.run.status, collected.run.error) == (Run.Status.COMPLETED, None)
     assert [m["message_type"] for m in collected.messages] == [
-        "tool_call_message", "tool_return_message", "assistant_message"]
+        "tool_call_message",
+        "tool_return_message",
+        "assistant_message",
+    ]
     assert collected.stop_reason == {"message_type": "stop_reason", "stop_reason": "end_turn"}
     assert collected.usage["step_count"] == 2
     assert Message.all_objects.filter(run=run, role="assistant").count() == 2

@@ -28,7 +28,9 @@ def test_database_url() -> str:
 class WorkerProcess:
     """`celery worker` as a child process; `kill()` sends SIGKILL, as a crashing machine would."""
 
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path, concurrency: int = 1) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], log_dir: Path, concurrency: int = 1, queues: str = "celery"
+    ) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         self.process = subprocess.Popen(
@@ -49,6 +51,8 @@ class WorkerProcess:
                 "prefork",
                 "--without-gossip",
                 "--without-mingle",
+                "-Q",
+                queues,
             ],
             cwd=ROOT,
             env=env,

@@ -21,10 +21,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery import current_app
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from apps.agents.custom_tools import run_custom_tool
+from apps.agents.locks import conversation_lock
 from apps.agents.loop import budget as budgeting
 from apps.agents.loop.context import BlockSnapshot, MemoryStats, build_llm_messages, compile_system_message
 from apps.agents.loop.convert import to_letta_messages, to_llm_messages
@@ -33,6 +36,8 @@ from apps.agents.loop.messages import memory_pressure_warning, summary_message_t
 from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
+from apps.agents.recovery import fail_orphaned_runs
+from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
 from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
@@ -122,19 +127,48 @@ class StopRun(Exception):
         self.error = error
 
 
+class RunDeferred(Exception):
+    """Not this run's turn yet: another run of the same conversation is executing or comes first."""
+
+
 def execute_run(run_id: str, *, sink: EventSink | None = None) -> TurnResult | None:
-    """Drive one run to a terminal state. Idempotent: a run that is not `created` is left alone."""
-    claimed = (
-        Run.objects.unscoped()
-        .filter(id=run_id, status=Run.Status.CREATED)
-        .update(status=Run.Status.RUNNING, started_at=timezone.now())
-    )
-    if not claimed:
+    """Drive one run to a terminal state, holding its conversation's lock (apps.agents.locks).
+
+    Idempotent: a run that is not `created` is left alone (returns None). Raises RunDeferred while an
+    earlier run of the same agent conversation is unfinished, so runs execute one at a time, in order.
+    """
+    run = Run.objects.unscoped().filter(id=run_id).first()
+    if run is None or run.status != Run.Status.CREATED:
         return None
-    run = Run.objects.unscoped().select_related("agent").get(id=run_id)
+    with conversation_lock(run.agent_id, run.conversation_id) as acquired:
+        if not acquired:
+            raise RunDeferred(run_id)
+        fail_orphaned_runs(agent_id=run.agent_id)  # we hold the lock: any RUNNING run here is orphaned
+        earlier = Run.objects.unscoped().filter(
+            agent_id=run.agent_id,
+            conversation_id=run.conversation_id,
+            status=Run.Status.CREATED,
+            created_at__lt=run.created_at,
+        )
+        if earlier.exists():
+            raise RunDeferred(run_id)
+        claimed = (
+            Run.objects.unscoped()
+            .filter(id=run_id, status=Run.Status.CREATED)
+            .update(status=Run.Status.RUNNING, started_at=timezone.now())
+        )
+        if not claimed:
+            return None
+        run.refresh_from_db()
+        return _drive(run, sink or NullSink())
+
+
+def _drive(run: Run, sink: EventSink) -> TurnResult:
+    run_id = run.id
     state: LoopState | None = None
+    _admit_input(run)
     try:
-        state = _load_state(run, sink or NullSink())
+        state = _load_state(run, sink)
         _resume_pending_approval(state)
         _embed_for_recall(
             state, [m for m in state.in_context if m.run_id == run.id and m.role == Message.Role.USER]
@@ -728,6 +762,31 @@ def _raise_if_cancelled(state: LoopState, pending: tuple[Step, list[Message]] | 
 # --- loading and finishing --------------------------------------------------------------------------
 
 
+def _admit_input(run: Run) -> None:
+    """Append the run's input (user messages, an approval decision) to the in-context messages."""
+    input_ids = list(
+        Message.objects.unscoped()
+        .filter(run=run, step__isnull=True)
+        .exclude(role__in=[Message.Role.TOOL, Message.Role.ASSISTANT])
+        .order_by("sequence_id")
+        .values_list("id", flat=True)
+    )
+    if not input_ids:
+        return
+    holder = Conversation if run.conversation_id else Agent
+    holder_id = run.conversation_id or run.agent_id
+    with transaction.atomic():
+        current = (
+            holder.all_objects.select_for_update()
+            .filter(id=holder_id)
+            .values_list("message_ids", flat=True)
+            .get()
+        )
+        holder.all_objects.filter(id=holder_id).update(
+            message_ids=[*current, *(i for i in input_ids if i not in set(current))]
+        )
+
+
 def _load_state(run: Run, sink: EventSink) -> LoopState:
     actor = Actor.system(run.organization_id)
     agent = Agent.objects.for_actor(actor).get(id=run.agent_id)
@@ -824,7 +883,19 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         )
     state.sink.emit({"message_type": "stop_reason", "stop_reason": reason})
     state.sink.emit(state.usage.as_dict(run.id))
+    if run.status == Run.Status.COMPLETED and count_primary_turn(state.agent):
+        _start_sleeptime(state.agent.id)
     return TurnResult(run=run, messages=state.produced, stop_reason=reason, usage=state.usage)
+
+
+def _start_sleeptime(primary_agent_id: str) -> None:
+    """Never in the primary's way: a worker task, or (in-process mode) right after this turn."""
+    if settings.RUN_EXECUTOR == "in_process":
+        run = create_sleeptime_run(primary_agent_id)
+        if run is not None:
+            execute_run(run.id)
+        return
+    current_app.send_task("agents.sleeptime", args=[primary_agent_id])
 
 
 def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:

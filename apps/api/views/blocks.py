@@ -10,8 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.api.serializers import common as s
 from apps.api.base import OrgApiView
+from apps.api.serializers import common as s
 from apps.core.pagination import PageParams, paginate
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services

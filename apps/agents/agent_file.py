@@ -1,0 +1,710 @@
+"""Agent files (`.af`, Letta's AgentFileSchema): export an agent with everything it needs, import one back.
+
+Inside a file every id is file-local (`agent-0`, `block-0`, `tool-0`, `message-0`), numbered in a stable
+order (blocks by label, tools by name, messages in context order), so exporting the same agent twice gives
+the same document and an import maps each file id to a new server id.
+
+What never leaves the server: secrets and tool environment variables keep their keys with empty values
+(Letta's format wants strings; the importer supplies values through `secrets`), and no provider key, base
+URL or sandbox variable appears anywhere. Built-in tools travel by name and are recreated from this
+server's definitions; built-ins this server does not implement are left out on import. Folders, files,
+groups, MCP servers and skills are not supported yet: import ignores them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from apps.agents.loop.convert import text_of
+from apps.agents.models import Agent, AgentSecret, AgentType, Conversation, Message
+from apps.agents.selectors import agent_get
+from apps.agents.services import BlockSpec, agent_create
+from apps.core.actor import Actor
+from apps.core.errors import DomainError, InvalidInput, NotFound
+from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
+from apps.memory import services as memory_services
+from apps.memory.models import Block
+from apps.tools.builtin import BUILTIN_TOOLS
+from apps.tools.models import Tool
+from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX, tool_get_by_name
+from apps.tools.services import is_builtin_tool, tool_upsert, tool_upsert_builtins
+
+FILE_REVISION = "letta-django-1"
+"""`metadata.revision_id` of files written here (Letta writes its alembic revision; nobody checks it)."""
+RECENT_MESSAGES_WHEN_NO_CONTEXT = 50
+COPY_SUFFIX = "_copy"
+LEGACY_FORMAT_MESSAGE = (
+    "Legacy AgentSchema format is deprecated. Please use the new AgentFileSchema format with 'agents' field."
+)
+MESSAGE_ROLES = {"user", "assistant", "system", "tool", "approval", "summary", "function"}
+LETTA_ENDPOINT_TYPES = {"openai", "anthropic", "ollama"}
+"""Provider types whose name is also a Letta `model_endpoint_type`; the others are OpenAI-compatible."""
+
+
+class AgentFileError(InvalidInput):
+    """An agent file that cannot be imported (corrupt JSON, legacy format, bad fields or references)."""
+
+    code = "invalid_agent_file"
+
+
+# --- export -------------------------------------------------------------------------------------------
+
+
+def agent_export(
+    *, actor: Actor, agent_id: str, conversation_id: str | None = None, scrub_messages: bool = False
+) -> dict[str, Any]:
+    """The agent as an AgentFileSchema document (JSON-ready dict) with its blocks, tools and in-context
+    messages (the conversation's with `conversation_id`; none with `scrub_messages`).
+
+    Raises AgentNotFound, NotFound (conversation). Writes nothing.
+    """
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    blocks = sorted(agent.blocks.all(), key=lambda b: (b.label, b.id))
+    tools = sorted(agent.tools.all(), key=lambda t: (t.name, t.id))
+    block_ids = {block.id: f"block-{i}" for i, block in enumerate(blocks)}
+    tool_ids = {tool.id: f"tool-{i}" for i, tool in enumerate(tools)}
+    in_context, messages = ([], []) if scrub_messages else _messages_for_export(actor, agent, conversation_id)
+    message_ids = {message.id: f"message-{i}" for i, message in enumerate(messages)}
+    secret_keys = list(AgentSecret.objects.for_actor(actor).filter(agent=agent).values_list("key", flat=True))
+    empty_secrets = {key: "" for key in secret_keys} or None
+    agent_doc = {
+        "id": "agent-0",
+        "name": agent.name,
+        "agent_type": agent.agent_type,
+        "system": agent.system,
+        "description": agent.description or None,
+        "metadata": agent.metadata or None,
+        "tags": list(agent.tags),
+        "tool_rules": list(agent.tool_rules) or None,
+        "memory_blocks": [],
+        "tools": [],
+        "tool_ids": [tool_ids[tool.id] for tool in tools],
+        "block_ids": [block_ids[block.id] for block in blocks],
+        "source_ids": [],
+        "folder_ids": None,
+        "identity_ids": None,
+        "include_base_tools": False,
+        "include_multi_agent_tools": False,
+        "include_base_tool_rules": False,
+        "include_default_source": False,
+        "initial_message_sequence": None,
+        "llm_config": _llm_config(actor, agent),
+        "embedding_config": _embedding_config(actor, agent),
+        "model": None,
+        "embedding": None,
+        "model_settings": agent.model_settings or None,
+        "compaction_settings": agent.compaction_settings or None,
+        "context_window_limit": None,
+        "embedding_chunk_size": None,
+        "max_tokens": None,
+        "max_reasoning_tokens": None,
+        "enable_reasoner": False,
+        "reasoning": None,
+        "parallel_tool_calls": None,
+        "response_format": None,
+        "from_template": None,
+        "template": False,
+        "project": None,
+        "project_id": None,
+        "template_id": None,
+        "base_template_id": None,
+        "memory_variables": None,
+        "tool_exec_environment_variables": empty_secrets,
+        "secrets": empty_secrets,
+        "message_buffer_autoclear": agent.message_buffer_autoclear,
+        "enable_sleeptime": False,
+        "timezone": agent.timezone or "UTC",
+        "max_files_open": None,
+        "per_file_view_window_char_limit": None,
+        "hidden": agent.hidden or None,
+        "in_context_message_ids": [message_ids[m.id] for m in in_context],
+        "messages": [_message_doc(m, message_ids[m.id]) for m in messages],
+        "files_agents": [],
+        "group_ids": [],
+    }
+    return {
+        "agents": [agent_doc],
+        "groups": [],
+        "blocks": [_block_doc(block, block_ids[block.id]) for block in blocks],
+        "files": [],
+        "sources": [],
+        "tools": [_tool_doc(tool, tool_ids[tool.id]) for tool in tools],
+        "mcp_servers": [],
+        "skills": [],
+        "metadata": {"revision_id": FILE_REVISION},
+        "created_at": datetime.now(UTC).isoformat(),
+    }
+
+
+def _messages_for_export(
+    actor: Actor, agent: Agent, conversation_id: str | None
+) -> tuple[list[Message], list[Message]]:
+    """(in-context messages, messages to write): the context in order, or the 50 most recent of the
+    thread when the context is empty (Letta's rule; they are then written but not in context)."""
+    conversation = None
+    if conversation_id:
+        conversation = Conversation.objects.for_actor(actor).filter(id=conversation_id, agent=agent).first()
+        if conversation is None:
+            raise NotFound(f"Conversation with id '{conversation_id}' not found")
+    ids = conversation.message_ids if conversation else agent.message_ids
+    if ids:
+        by_id = {m.id: m for m in Message.objects.for_actor(actor).filter(agent=agent, id__in=ids)}
+        in_context = [by_id[i] for i in ids if i in by_id]
+        return in_context, in_context
+    recent = Message.objects.for_actor(actor).filter(agent=agent, conversation=conversation)
+    return [], list(reversed(recent.order_by("-sequence_id")[:RECENT_MESSAGES_WHEN_NO_CONTEXT]))
+
+
+def _provider_type(handle: str, provider_type: str | None) -> str:
+    if provider_type in LETTA_ENDPOINT_TYPES:
+        return provider_type
+    if provider_type is not None:
+        return "openai"  # OpenAI-compatible servers
+    return handle.partition("/")[0]
+
+
+def _llm_config(actor: Actor, agent: Agent) -> dict[str, Any] | None:
+    """Letta's LLMConfig without anything secret: no key and no endpoint URL (it may be internal)."""
+    if not agent.model:
+        return None
+    provider_type = None
+    context_window = agent.context_window_limit or DEFAULT_CONTEXT_WINDOW
+    try:
+        target = resolve_model(
+            agent.model,
+            organization_id=actor.organization_id,
+            context_window_limit=agent.context_window_limit,
+        )
+        provider_type, context_window = target.provider_type, target.context_window
+    except DomainError:  # an unusable handle still exports; the importer picks its own model
+        pass
+    return {
+        "handle": agent.model,
+        "model": agent.model.partition("/")[2] or agent.model,
+        "model_endpoint_type": _provider_type(agent.model, provider_type),
+        "model_endpoint": None,
+        "provider_name": agent.model.partition("/")[0],
+        "provider_category": "base",
+        "context_window": context_window,
+        "temperature": agent.temperature,
+        "max_tokens": agent.max_tokens,
+        "parallel_tool_calls": agent.parallel_tool_calls,
+        "put_inner_thoughts_in_kwargs": False,
+        "enable_reasoner": False,
+    }
+
+
+def _embedding_config(actor: Actor, agent: Agent) -> dict[str, Any] | None:
+    if not agent.embedding:
+        return None
+    provider_type, dimension = None, agent.embedding_dim
+    try:
+        target = resolve_embedding(agent.embedding, organization_id=actor.organization_id)
+        provider_type, dimension = target.provider_type, dimension or target.dimension
+    except DomainError:
+        pass
+    return {
+        "handle": agent.embedding,
+        "embedding_model": agent.embedding.partition("/")[2] or agent.embedding,
+        "embedding_endpoint_type": _provider_type(agent.embedding, provider_type),
+        "embedding_endpoint": None,
+        "embedding_dim": dimension,
+        "embedding_chunk_size": 300,
+        "batch_size": 32,
+    }
+
+
+def _block_doc(block: Block, file_id: str) -> dict[str, Any]:
+    return {
+        "id": file_id,
+        "label": block.label,
+        "value": block.value,
+        "limit": block.limit,
+        "description": block.description or None,
+        "read_only": block.read_only,
+        "is_template": block.is_template,
+        "template_name": block.template_name or None,
+        "preserve_on_migration": False,
+        "hidden": block.hidden or None,
+        "metadata": block.metadata or {},
+        "tags": list(block.tags) or None,
+        "project_id": None,
+    }
+
+
+def _tool_doc(tool: Tool, file_id: str) -> dict[str, Any]:
+    return {
+        "id": file_id,
+        "name": tool.name,
+        "tool_type": tool.tool_type,
+        "description": tool.description or None,
+        "source_type": tool.source_type,
+        "source_code": tool.source_code,
+        "json_schema": tool.json_schema,
+        "args_json_schema": tool.args_json_schema,
+        "return_char_limit": tool.return_char_limit,
+        "tags": list(tool.tags),
+        "pip_requirements": tool.pip_requirements or None,
+        "npm_requirements": tool.npm_requirements or None,
+        "default_requires_approval": tool.default_requires_approval,
+        "enable_parallel_execution": tool.enable_parallel_execution,
+        "metadata_": tool.metadata or {},
+        "project_id": None,
+        "created_by_id": None,
+        "last_updated_by_id": None,
+    }
+
+
+def _export_content(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Content parts in Letta's shapes (its ReasoningContent requires `is_native`)."""
+    return [
+        {"is_native": False, **part} if part.get("type") == "reasoning" else part for part in content or []
+    ]
+
+
+def _message_doc(message: Message, file_id: str) -> dict[str, Any]:
+    """Letta's MessageSchema; tool returns carry `func_response` as Letta's ToolReturn does."""
+    tool_returns = [
+        {
+            "tool_call_id": item.get("tool_call_id"),
+            "status": item.get("status", "success"),
+            "stdout": item.get("stdout") or None,
+            "stderr": item.get("stderr") or None,
+            "func_response": item.get("tool_return"),
+        }
+        for item in message.tool_returns or []
+    ]
+    return {
+        "type": "message",
+        "id": file_id,
+        "role": message.role,
+        "content": _export_content(message.content),
+        "name": message.name or None,
+        "otid": None,
+        "sender_id": None,
+        "batch_item_id": None,
+        "group_id": None,
+        "model": message.model or None,
+        "agent_id": "agent-0",
+        "tool_calls": message.tool_calls,
+        "tool_call_id": message.tool_call_id or None,
+        "tool_returns": tool_returns or None,
+        "created_at": message.created_at.isoformat(),
+        "approve": message.approve,
+        "approval_request_id": message.approval_request_id or None,
+        "denial_reason": message.denial_reason or None,
+        "approvals": message.approvals,
+    }
+
+
+# --- the file, as read on import (lenient: unknown keys are ignored, as Letta's models do) -------------
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FileTool(_Lenient):
+    id: str
+    name: str | None = None
+    tool_type: str | None = None
+    description: str | None = None
+    source_type: str | None = None
+    source_code: str | None = None
+    json_schema: dict[str, Any] | None = None
+    args_json_schema: dict[str, Any] | None = None
+    return_char_limit: int | None = None
+    tags: list[str] | None = None
+    pip_requirements: list[dict[str, Any]] | None = None
+    npm_requirements: list[dict[str, Any]] | None = None
+    default_requires_approval: bool | None = None
+    enable_parallel_execution: bool | None = None
+    metadata_: dict[str, Any] | None = None
+
+
+class FileBlock(_Lenient):
+    id: str | None = None
+    label: str
+    value: str = ""
+    limit: int | None = None
+    description: str | None = None
+    read_only: bool | None = False
+    is_template: bool | None = False
+    template_name: str | None = None
+    hidden: bool | None = None
+    metadata: dict[str, Any] | None = None
+    tags: list[str] | None = None
+
+
+class FileMessage(_Lenient):
+    id: str
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    model: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    tool_returns: list[dict[str, Any]] | None = None
+    created_at: datetime | None = None
+    approve: bool | None = None
+    approval_request_id: str | None = None
+    denial_reason: str | None = None
+    approvals: list[dict[str, Any]] | None = None
+
+
+class FileLLMConfig(_Lenient):
+    handle: str | None = None
+    model: str | None = None
+    model_endpoint_type: str | None = None
+    context_window: int | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class FileEmbeddingConfig(_Lenient):
+    handle: str | None = None
+    embedding_model: str | None = None
+    embedding_endpoint_type: str | None = None
+    embedding_dim: int | None = None
+
+
+class FileAgent(_Lenient):
+    id: str
+    name: str | None = None
+    agent_type: str | None = None
+    system: str | None = None
+    description: str | None = None
+    metadata: dict[str, Any] | None = None
+    tags: list[str] | None = None
+    tool_rules: list[dict[str, Any]] | None = None
+    tool_ids: list[str] | None = None
+    block_ids: list[str] | None = None
+    tools: list[str] | None = None
+    memory_blocks: list[FileBlock] | None = None
+    include_base_tools: bool = True
+    llm_config: FileLLMConfig | None = None
+    embedding_config: FileEmbeddingConfig | None = None
+    model: str | None = None
+    embedding: str | None = None
+    context_window_limit: int | None = None
+    model_settings: dict[str, Any] | None = None
+    compaction_settings: dict[str, Any] | None = None
+    timezone: str | None = None
+    message_buffer_autoclear: bool | None = False
+    hidden: bool | None = None
+    secrets: dict[str, str | None] | None = None
+    tool_exec_environment_variables: dict[str, str | None] | None = None
+    in_context_message_ids: list[str] = Field(default_factory=list)
+    messages: list[FileMessage] = Field(default_factory=list)
+
+
+class AgentFile(_Lenient):
+    agents: list[FileAgent]
+    blocks: list[FileBlock] = Field(default_factory=list)
+    tools: list[FileTool] = Field(default_factory=list)
+
+
+# --- import -------------------------------------------------------------------------------------------
+
+
+def parse_agent_file(raw: bytes | str) -> AgentFile:
+    """Decode and validate an agent file (JSON, possibly double-encoded as Letta's importer allows).
+
+    Raises AgentFileError: corrupt JSON, the legacy single-agent format, or fields of the wrong shape.
+    """
+    try:
+        document = json.loads(raw)
+        if isinstance(document, str):
+            document = json.loads(document)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AgentFileError("Corrupted agent file format.") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("agents"), list):
+        raise AgentFileError(LEGACY_FORMAT_MESSAGE)
+    try:
+        return AgentFile.model_validate(document)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()[:10]
+        )
+        raise AgentFileError(f"Invalid agent file: {problems}") from exc
+
+
+@transaction.atomic
+def agent_import(
+    *,
+    actor: Actor,
+    file: AgentFile,
+    append_copy_suffix: bool = True,
+    override_existing_tools: bool = True,
+    strip_messages: bool = False,
+    name: str | None = None,
+    model: str | None = None,
+    embedding: str | None = None,
+    secrets: dict[str, str] | None = None,
+) -> list[str]:
+    """Create the file's agents (with new blocks, their tools and in-context messages); returns their ids.
+
+    Tools are matched by name: built-ins are this server's own; a user tool of the same name is reused,
+    or overwritten with the file's definition when `override_existing_tools`. `name`/`model`/`embedding`
+    override the file's; `secrets` fill the values export left empty. All or nothing: raises
+    AgentFileError (dangling references, duplicate ids), ToolSchemaError, InvalidInput, ...
+    """
+    _check_references(file)
+    tool_map = _import_tools(actor, file.tools, override_existing_tools=override_existing_tools)
+    block_map = {block.id: _create_block(actor, block).id for block in file.blocks if block.id is not None}
+    agent_ids = []
+    for file_agent in file.agents:
+        agent = _create_agent(
+            actor,
+            file_agent,
+            tool_map=tool_map,
+            block_map=block_map,
+            name=name
+            or (f"{file_agent.name}{COPY_SUFFIX}" if append_copy_suffix and file_agent.name else None),
+            model=model,
+            embedding=embedding,
+            secrets=secrets or {},
+        )
+        if not strip_messages:
+            _import_messages(actor, agent, file_agent)
+        agent_ids.append(agent.id)
+    return agent_ids
+
+
+def _check_references(file: AgentFile) -> None:
+    problems: list[str] = []
+    for kind, ids in (("blocks", [b.id for b in file.blocks]), ("tools", [t.id for t in file.tools])):
+        duplicates = sorted({i for i in ids if i is not None and ids.count(i) > 1})
+        if duplicates:
+            problems.append(f"duplicate {kind} ids: {', '.join(duplicates)}")
+    block_ids = {b.id for b in file.blocks}
+    tool_ids = {t.id for t in file.tools}
+    for agent in file.agents:
+        problems += [
+            f"agent {agent.id} references unknown block {i}"
+            for i in agent.block_ids or []
+            if i not in block_ids
+        ]
+        problems += [
+            f"agent {agent.id} references unknown tool {i}" for i in agent.tool_ids or [] if i not in tool_ids
+        ]
+        message_ids = [m.id for m in agent.messages]
+        duplicates = sorted({i for i in message_ids if message_ids.count(i) > 1})
+        if duplicates:
+            problems.append(f"agent {agent.id} has duplicate message ids: {', '.join(duplicates)}")
+        problems += [
+            f"agent {agent.id} has in-context message {i} that is not in its messages"
+            for i in agent.in_context_message_ids
+            if i not in message_ids
+        ]
+        problems += [
+            f"agent {agent.id} message {m.id} has unknown role '{m.role}'"
+            for m in agent.messages
+            if m.role not in MESSAGE_ROLES
+        ]
+    if problems:
+        raise AgentFileError(f"Invalid agent file: {'; '.join(problems)}")
+
+
+def _import_tools(actor: Actor, tools: list[FileTool], *, override_existing_tools: bool) -> dict[str, Tool]:
+    """File tool id -> server tool. Built-ins this server does not implement are left out."""
+    builtin_names = [t.name for t in tools if t.name in BUILTIN_TOOLS]
+    builtins = tool_upsert_builtins(actor=actor, names=builtin_names) if builtin_names else {}
+    mapped: dict[str, Tool] = {}
+    for tool in tools:
+        if tool.name in builtins:
+            mapped[tool.id] = builtins[tool.name]
+            continue
+        if (tool.tool_type or "").startswith(LETTA_TOOL_TYPE_PREFIX):
+            continue
+        existing = tool_get_by_name(actor=actor, name=tool.name) if tool.name else None
+        if existing is not None and (not override_existing_tools or is_builtin_tool(existing)):
+            mapped[tool.id] = existing
+            continue
+        if not tool.source_code:
+            raise AgentFileError(f"Invalid agent file: tool {tool.id} ('{tool.name}') has no source_code")
+        mapped[tool.id] = tool_upsert(
+            actor=actor,
+            source_code=tool.source_code,
+            source_type=tool.source_type or "python",
+            json_schema=tool.json_schema,
+            args_json_schema=tool.args_json_schema,
+            description=tool.description,
+            tags=tool.tags,
+            return_char_limit=tool.return_char_limit,
+            pip_requirements=tool.pip_requirements,
+            npm_requirements=tool.npm_requirements,
+            default_requires_approval=tool.default_requires_approval,
+            enable_parallel_execution=tool.enable_parallel_execution,
+            metadata=tool.metadata_,
+            tool_type=Tool.Type.EXTERNAL_MCP
+            if tool.tool_type == Tool.Type.EXTERNAL_MCP
+            else Tool.Type.CUSTOM,
+        )
+    return mapped
+
+
+def _create_block(actor: Actor, block: FileBlock) -> Block:
+    return memory_services.block_create(
+        actor=actor,
+        label=block.label,
+        value=block.value,
+        limit=block.limit,
+        description=block.description or "",
+        read_only=bool(block.read_only),
+        is_template=bool(block.is_template),
+        template_name=block.template_name or "",
+        hidden=bool(block.hidden),
+        metadata=block.metadata or {},
+        tags=block.tags or [],
+    )
+
+
+def _handle(explicit: str | None, config_handle: str | None, provider: str | None, name: str | None) -> str:
+    if explicit:
+        return explicit
+    if config_handle:
+        return config_handle
+    return f"{provider}/{name}" if provider and name else ""
+
+
+def _create_agent(
+    actor: Actor,
+    file_agent: FileAgent,
+    *,
+    tool_map: dict[str, Tool],
+    block_map: dict[str, str],
+    name: str | None,
+    model: str | None,
+    embedding: str | None,
+    secrets: dict[str, str],
+) -> Agent:
+    llm = file_agent.llm_config or FileLLMConfig()
+    emb = file_agent.embedding_config or FileEmbeddingConfig()
+    declared = {**(file_agent.tool_exec_environment_variables or {}), **(file_agent.secrets or {})}
+    agent = agent_create(
+        actor=actor,
+        name=name or file_agent.name,
+        description=file_agent.description or "",
+        agent_type=file_agent.agent_type or AgentType.LETTA_V1,
+        system=file_agent.system or "",
+        model=model or _handle(file_agent.model, llm.handle, llm.model_endpoint_type, llm.model),
+        embedding=embedding
+        or _handle(file_agent.embedding, emb.handle, emb.embedding_endpoint_type, emb.embedding_model),
+        context_window_limit=file_agent.context_window_limit or llm.context_window,
+        temperature=llm.temperature if llm.temperature is not None else 0.7,
+        max_tokens=llm.max_tokens,
+        parallel_tool_calls=bool(llm.parallel_tool_calls),
+        memory_blocks=[
+            BlockSpec(
+                label=b.label,
+                value=b.value,
+                limit=b.limit,
+                description=b.description or "",
+                read_only=bool(b.read_only),
+                metadata=b.metadata or {},
+            )
+            for b in file_agent.memory_blocks or []
+        ],
+        block_ids=[block_map[i] for i in file_agent.block_ids or []],
+        tool_ids=list(dict.fromkeys(tool_map[i].id for i in file_agent.tool_ids or [] if i in tool_map)),
+        tools=file_agent.tools or [],
+        include_base_tools=file_agent.include_base_tools,
+        tool_rules=file_agent.tool_rules or [],
+        tags=file_agent.tags or [],
+        metadata=file_agent.metadata or {},
+        secrets_={**{key: value or "" for key, value in declared.items()}, **secrets},
+        timezone_name=file_agent.timezone or "UTC",
+    )
+    Agent.objects.for_actor(actor).filter(id=agent.id).update(
+        model_settings=file_agent.model_settings or {},
+        compaction_settings=file_agent.compaction_settings or {},
+        message_buffer_autoclear=bool(file_agent.message_buffer_autoclear),
+        hidden=bool(file_agent.hidden),
+    )
+    return agent
+
+
+def _import_content(content: str | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return content
+
+
+def _import_tool_returns(items: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Letta's ToolReturn (`func_response`) -> how the loop stores tool returns (`tool_return`)."""
+    if not items:
+        return None
+    returns = []
+    for item in items:
+        response = item.get("func_response", item.get("tool_return"))
+        if isinstance(response, list):
+            response = text_of(response)
+        returns.append(
+            {
+                "tool_call_id": item.get("tool_call_id"),
+                "status": item.get("status", "success"),
+                "tool_return": "" if response is None else str(response),
+                "stdout": list(item.get("stdout") or []),
+                "stderr": list(item.get("stderr") or []),
+            }
+        )
+    return returns
+
+
+def _import_messages(actor: Actor, agent: Agent, file_agent: FileAgent) -> None:
+    """Store the file's messages under new ids (keeping their timestamps) and set the agent's context.
+
+    Letta files start the context with the compiled system prompt as a system message; this server
+    compiles the prompt for every step instead, so that message is not imported.
+    """
+    first = file_agent.in_context_message_ids[0] if file_agent.in_context_message_ids else None
+    rows: dict[str, Message] = {}
+    for item in file_agent.messages:
+        if item.id == first and item.role == "system" and not item.name:
+            continue
+        content = _import_content(item.content)
+        tool_returns = _import_tool_returns(item.tool_returns)
+        role = Message.Role.TOOL if item.role == "function" else item.role
+        text = (
+            tool_returns[0]["tool_return"] if role == Message.Role.TOOL and tool_returns else text_of(content)
+        )
+        rows[item.id] = Message(
+            organization_id=actor.organization_id,
+            agent=agent,
+            role=role,
+            content=content,
+            text=text.replace("\x00", ""),
+            name=item.name or "",
+            model=item.model or "",
+            tool_calls=item.tool_calls,
+            tool_call_id=item.tool_call_id or "",
+            tool_returns=tool_returns,
+            approvals=item.approvals,
+            approve=item.approve,
+            approval_request_id=item.approval_request_id or "",
+            denial_reason=item.denial_reason or "",
+            is_err=bool(tool_returns and tool_returns[0]["status"] == "error"),
+        )
+    created = Message.all_objects.bulk_create(list(rows.values()))
+    stamped = []
+    for item in file_agent.messages:
+        if item.id in rows and item.created_at is not None:
+            message = rows[item.id]
+            message.created_at = (
+                item.created_at if item.created_at.tzinfo else item.created_at.replace(tzinfo=UTC)
+            )
+            stamped.append(message)
+    if stamped:  # bulk_create stamps "now" (auto_now_add); keep the file's times
+        Message.all_objects.bulk_update(stamped, ["created_at"])
+    if created:
+        agent.message_ids = [rows[i].id for i in file_agent.in_context_message_ids if i in rows]
+        Agent.objects.for_actor(actor).filter(id=agent.id).update(message_ids=agent.message_ids)

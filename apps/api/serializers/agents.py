@@ -1,0 +1,537 @@
+"""Wire shapes of agents (AgentState, CreateAgent, UpdateAgent), their tools, and the model catalogue.
+
+AgentState is rendered from prefetched agents plus one batch of model descriptions (`agent_states`), so
+a list costs the same number of queries whatever its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from apps.agents import selectors as agent_selectors
+from apps.agents.models import Agent, AgentType, StopReason
+from apps.agents.services import BlockSpec
+from apps.api.serializers.common import BlockOut
+from apps.api.serializers.tools import ToolResponse
+from apps.core.actor import Actor
+from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
+
+AGENT_TYPES = [t.value for t in AgentType]
+
+
+# --- Output ----------------------------------------------------------------------------------------------
+
+
+class LlmConfigOut(serializers.Serializer):
+    model = serializers.CharField()
+    model_endpoint_type = serializers.CharField()
+    model_endpoint = serializers.CharField(allow_null=True)
+    provider_name = serializers.CharField(allow_null=True)
+    provider_category = serializers.CharField(allow_null=True)
+    context_window = serializers.IntegerField()
+    handle = serializers.CharField(allow_null=True)
+    temperature = serializers.FloatField()
+    max_tokens = serializers.IntegerField(allow_null=True)
+    parallel_tool_calls = serializers.BooleanField()
+    put_inner_thoughts_in_kwargs = serializers.BooleanField()
+    enable_reasoner = serializers.BooleanField()
+
+
+class EmbeddingConfigOut(serializers.Serializer):
+    embedding_model = serializers.CharField()
+    embedding_endpoint_type = serializers.CharField()
+    embedding_endpoint = serializers.CharField(allow_null=True)
+    embedding_dim = serializers.IntegerField(allow_null=True)
+    embedding_chunk_size = serializers.IntegerField(allow_null=True)
+    handle = serializers.CharField()
+
+
+class SecretOut(serializers.Serializer):
+    """An agent secret's key. The value is never returned (always null), as in the admin."""
+
+    id = serializers.CharField()
+    agent_id = serializers.CharField()
+    key = serializers.CharField()
+    value = serializers.SerializerMethodField()
+    description = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_value(self, secret: Any) -> None:
+        return None
+
+
+class MemoryOut(serializers.Serializer):
+    """Letta's deprecated `memory` object: the same blocks as AgentState.blocks."""
+
+    blocks = BlockOut(many=True)
+    file_blocks = serializers.ListField(child=serializers.DictField())
+    prompt_template = serializers.CharField()
+    agent_type = serializers.CharField()
+
+
+def llm_config(agent: Agent, info: agent_selectors.ChatModelInfo | None) -> dict[str, Any]:
+    model = info.name if info else agent.model
+    return {
+        "model": model,
+        "model_endpoint_type": info.endpoint_type if info else "openai",
+        "model_endpoint": info.endpoint if info else None,
+        "provider_name": info.provider_name if info else None,
+        "provider_category": info.provider_category if info else None,
+        "context_window": agent.context_window_limit
+        or (info.context_window if info else DEFAULT_CONTEXT_WINDOW),
+        "handle": agent.model or None,
+        "temperature": agent.temperature,
+        "max_tokens": agent.max_tokens,
+        "parallel_tool_calls": agent.parallel_tool_calls,
+        "put_inner_thoughts_in_kwargs": False,
+        "enable_reasoner": False,
+        **{k: v for k, v in agent.model_settings.items() if k in ("reasoning_effort", "response_format")},
+    }
+
+
+def embedding_config(agent: Agent, info: agent_selectors.EmbeddingModelInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {
+        "embedding_model": info.name,
+        "embedding_endpoint_type": info.endpoint_type,
+        "embedding_endpoint": info.endpoint,
+        "embedding_dim": agent.embedding_dim or info.dimension,
+        "embedding_chunk_size": None,
+        "handle": info.handle,
+    }
+
+
+def model_settings(agent: Agent, info: agent_selectors.ChatModelInfo | None) -> dict[str, Any]:
+    """Letta's discriminated model_settings: the provider's type, the common knobs, the stored extras."""
+    return {
+        "provider_type": info.provider_type if info else "openai",
+        "temperature": agent.temperature,
+        "max_output_tokens": agent.max_tokens,
+        "parallel_tool_calls": agent.parallel_tool_calls,
+        **agent.model_settings,
+    }
+
+
+class AgentStateOut(serializers.Serializer):
+    """Letta's AgentState. Relationships are always included (a superset of what `include[]` asks for)."""
+
+    id = serializers.CharField()
+    name = serializers.CharField()
+    agent_type = serializers.CharField()
+    description = serializers.CharField()
+    system = serializers.SerializerMethodField()
+    model = serializers.SerializerMethodField()
+    embedding = serializers.SerializerMethodField()
+    llm_config = serializers.SerializerMethodField()
+    embedding_config = serializers.SerializerMethodField()
+    model_settings = serializers.SerializerMethodField()
+    compaction_settings = serializers.SerializerMethodField()
+    context_window_limit = serializers.IntegerField(allow_null=True)
+    memory = serializers.SerializerMethodField()
+    blocks = BlockOut(many=True, source="blocks.all")
+    tools = ToolResponse(many=True, source="tools.all")
+    sources = serializers.SerializerMethodField()
+    tags = serializers.ListField(child=serializers.CharField())
+    tool_rules = serializers.JSONField()
+    message_ids = serializers.ListField(child=serializers.CharField())
+    metadata = serializers.JSONField()
+    secrets = SecretOut(many=True, source="secrets.all")
+    tool_exec_environment_variables = SecretOut(many=True, source="secrets.all")
+    identity_ids = serializers.SerializerMethodField()
+    identities = serializers.SerializerMethodField()
+    managed_group = serializers.SerializerMethodField()
+    multi_agent_group = serializers.SerializerMethodField()
+    pending_approval = serializers.SerializerMethodField()
+    response_format = serializers.SerializerMethodField()
+    enable_sleeptime = serializers.BooleanField()
+    message_buffer_autoclear = serializers.BooleanField()
+    timezone = serializers.CharField()
+    hidden = serializers.BooleanField()
+    max_files_open = serializers.SerializerMethodField()
+    per_file_view_window_char_limit = serializers.SerializerMethodField()
+    last_run_completion = serializers.DateTimeField(allow_null=True)
+    last_run_duration_ms = serializers.IntegerField(allow_null=True)
+    last_stop_reason = serializers.SerializerMethodField()
+    project_id = serializers.SerializerMethodField()
+    template_id = serializers.SerializerMethodField()
+    base_template_id = serializers.SerializerMethodField()
+    created_by_id = serializers.CharField(allow_null=True)
+    last_updated_by_id = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    def _chat(self, agent: Agent) -> agent_selectors.ChatModelInfo | None:
+        return self.context["chat_models"].get(agent.model)
+
+    def get_system(self, agent: Agent) -> str:
+        return agent_selectors.agent_system_prompt(agent)
+
+    def get_model(self, agent: Agent) -> str | None:
+        return agent.model or None
+
+    def get_embedding(self, agent: Agent) -> str | None:
+        return agent.embedding or None
+
+    @extend_schema_field(LlmConfigOut)
+    def get_llm_config(self, agent: Agent) -> dict[str, Any]:
+        return llm_config(agent, self._chat(agent))
+
+    @extend_schema_field(EmbeddingConfigOut(allow_null=True))
+    def get_embedding_config(self, agent: Agent) -> dict[str, Any] | None:
+        return embedding_config(agent, self.context["embedding_models"].get(agent.embedding))
+
+    @extend_schema_field(serializers.DictField())
+    def get_model_settings(self, agent: Agent) -> dict[str, Any]:
+        return model_settings(agent, self._chat(agent))
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_compaction_settings(self, agent: Agent) -> dict[str, Any] | None:
+        return agent.compaction_settings or None
+
+    @extend_schema_field(MemoryOut)
+    def get_memory(self, agent: Agent) -> dict[str, Any]:
+        return {
+            "blocks": BlockOut(agent.blocks.all(), many=True).data,
+            "file_blocks": [],
+            "prompt_template": "",
+            "agent_type": agent.agent_type,
+        }
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_sources(self, agent: Agent) -> list[Any]:
+        return []
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_identity_ids(self, agent: Agent) -> list[str]:
+        return []
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_identities(self, agent: Agent) -> list[Any]:
+        return []
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_managed_group(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_multi_agent_group(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_pending_approval(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_response_format(self, agent: Agent) -> Any:
+        return agent.model_settings.get("response_format")
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_max_files_open(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_per_file_view_window_char_limit(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_last_stop_reason(self, agent: Agent) -> str | None:
+        return agent.last_stop_reason or None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_project_id(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_template_id(self, agent: Agent) -> None:
+        return None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_base_template_id(self, agent: Agent) -> None:
+        return None
+
+
+def agent_states(agents: Iterable[Agent], *, actor: Actor) -> list[dict[str, Any]]:
+    """AgentState for prefetched agents, with their model handles resolved once per distinct handle."""
+    agents = list(agents)
+    chat_models, embedding_models = agent_selectors.agent_model_infos(actor=actor, agents=agents)
+    context = {"chat_models": chat_models, "embedding_models": embedding_models}
+    return list(AgentStateOut(agents, many=True, context=context).data)
+
+
+def agent_state(agent: Agent, *, actor: Actor) -> dict[str, Any]:
+    return agent_states([agent], actor=actor)[0]
+
+
+class ModelOut(serializers.Serializer):
+    """Letta's Model (an entry of GET /v1/models/)."""
+
+    handle = serializers.CharField()
+    model = serializers.CharField(source="name")
+    name = serializers.CharField()
+    display_name = serializers.CharField(source="name")
+    model_endpoint_type = serializers.CharField(source="endpoint_type")
+    model_endpoint = serializers.CharField(source="endpoint", allow_null=True)
+    provider_type = serializers.CharField()
+    provider_name = serializers.CharField()
+    provider_category = serializers.CharField(allow_null=True)
+    context_window = serializers.IntegerField()
+    max_context_window = serializers.IntegerField()
+    model_type = serializers.SerializerMethodField()
+
+    def get_model_type(self, info: Any) -> str:
+        return "llm"
+
+
+class EmbeddingModelOut(serializers.Serializer):
+    """Letta's EmbeddingModel (an entry of GET /v1/models/embedding)."""
+
+    handle = serializers.CharField()
+    name = serializers.CharField()
+    display_name = serializers.CharField(source="name")
+    embedding_model = serializers.CharField(source="name")
+    embedding_endpoint_type = serializers.CharField(source="endpoint_type")
+    embedding_endpoint = serializers.CharField(source="endpoint", allow_null=True)
+    embedding_dim = serializers.IntegerField(source="dimension", allow_null=True)
+    provider_type = serializers.CharField()
+    provider_name = serializers.CharField()
+    provider_category = serializers.CharField(allow_null=True)
+    model_type = serializers.SerializerMethodField()
+
+    def get_model_type(self, info: Any) -> str:
+        return "embedding"
+
+
+# --- Input -----------------------------------------------------------------------------------------------
+
+
+class MemoryBlockIn(serializers.Serializer):
+    """One entry of CreateAgent.memory_blocks; Letta's other CreateBlock fields are accepted and ignored."""
+
+    label = serializers.CharField(max_length=200)
+    value = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    limit = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    read_only = serializers.BooleanField(required=False, allow_null=True)
+    metadata = serializers.DictField(required=False, allow_null=True)
+
+
+class ModelSettingsIn(serializers.Serializer):
+    """Letta's model_settings: the common knobs are checked; provider extras pass through unchanged."""
+
+    provider_type = serializers.CharField(required=False, allow_null=True)
+    temperature = serializers.FloatField(required=False, min_value=0, max_value=2)
+    max_output_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    parallel_tool_calls = serializers.BooleanField(required=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        checked = super().to_internal_value(data)
+        return {**data, **checked}
+
+
+class SecretValueIn(serializers.CharField):
+    """A secret's value: kept exactly as sent (blank allowed, no trimming)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_blank=True, trim_whitespace=False, **kwargs)
+
+
+def _null_to_default(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Absent and null both mean "the default" on create."""
+    return {**data, **{key: value for key, value in defaults.items() if data.get(key) is None}}
+
+
+class AgentCreateIn(serializers.Serializer):
+    """Letta's CreateAgent. Deprecated aliases are folded into their replacements; other deprecated or
+    template fields are accepted and ignored."""
+
+    name = serializers.CharField(required=False, allow_null=True)
+    description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    agent_type = serializers.ChoiceField(choices=AGENT_TYPES, required=False, allow_null=True)
+    system = serializers.CharField(required=False, allow_blank=True, allow_null=True, trim_whitespace=False)
+    model = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    embedding = serializers.CharField(required=False, allow_blank=True, allow_null=True)
+    context_window_limit = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    model_settings = ModelSettingsIn(required=False, allow_null=True)
+    compaction_settings = serializers.DictField(required=False, allow_null=True)
+    memory_blocks = MemoryBlockIn(many=True, required=False, allow_null=True)
+    block_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    tools = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    tool_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    include_base_tools = serializers.BooleanField(required=False, default=True)
+    include_base_tool_rules = serializers.BooleanField(required=False, allow_null=True)
+    tool_rules = serializers.ListField(child=serializers.JSONField(), required=False, allow_null=True)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, allow_null=True)
+    metadata = serializers.DictField(required=False, allow_null=True)
+    secrets = serializers.DictField(child=SecretValueIn(), required=False, allow_null=True)
+    enable_sleeptime = serializers.BooleanField(required=False, allow_null=True)
+    message_buffer_autoclear = serializers.BooleanField(required=False, allow_null=True)
+    hidden = serializers.BooleanField(required=False, allow_null=True)
+    timezone = serializers.CharField(required=False, allow_null=True)
+    # Deprecated aliases, folded in by validate().
+    tool_exec_environment_variables = serializers.DictField(
+        child=SecretValueIn(), required=False, allow_null=True
+    )
+    llm_config = serializers.DictField(required=False, allow_null=True)
+    embedding_config = serializers.DictField(required=False, allow_null=True)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = dict(attrs)
+        llm = attrs.pop("llm_config", None) or {}
+        emb = attrs.pop("embedding_config", None) or {}
+        if not attrs.get("model") and llm.get("handle"):
+            attrs["model"] = llm["handle"]
+        if attrs.get("context_window_limit") is None and llm.get("context_window"):
+            attrs["context_window_limit"] = llm["context_window"]
+        if not attrs.get("embedding") and emb.get("handle"):
+            attrs["embedding"] = emb["handle"]
+        settings = dict(attrs.pop("model_settings", None) or {})
+        for legacy, key in (
+            ("max_tokens", "max_output_tokens"),
+            ("parallel_tool_calls", "parallel_tool_calls"),
+        ):
+            value = attrs.pop(legacy, None)
+            if value is not None:
+                settings.setdefault(key, value)
+        if llm.get("temperature") is not None:
+            settings.setdefault("temperature", llm["temperature"])
+        attrs["model_settings"] = settings
+        legacy_secrets = attrs.pop("tool_exec_environment_variables", None)
+        if attrs.get("secrets") is None and legacy_secrets is not None:
+            attrs["secrets"] = legacy_secrets
+        return attrs
+
+    def to_service_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for agents.services.agent_create_with_settings (nulls become defaults)."""
+        data = _null_to_default(
+            self.validated_data,
+            {
+                "description": "",
+                "agent_type": AgentType.LETTA_V1.value,
+                "system": "",
+                "model": "",
+                "embedding": "",
+                "enable_sleeptime": False,
+                "message_buffer_autoclear": False,
+                "hidden": False,
+                "timezone": "UTC",
+                "include_base_tool_rules": False,
+            },
+        )
+        blocks = [
+            BlockSpec(
+                label=b["label"],
+                value=b["value"],
+                limit=b.get("limit"),
+                description=b.get("description") or "",
+                read_only=bool(b.get("read_only")),
+                metadata=b.get("metadata") or {},
+            )
+            for b in data.get("memory_blocks") or []
+        ]
+        return {
+            "name": data.get("name"),
+            "description": data["description"],
+            "agent_type": data["agent_type"],
+            "system": data["system"],
+            "model": data["model"],
+            "embedding": data["embedding"],
+            "context_window_limit": data.get("context_window_limit"),
+            "model_settings": data.get("model_settings"),
+            "compaction_settings": data.get("compaction_settings"),
+            "memory_blocks": blocks,
+            "block_ids": data.get("block_ids") or [],
+            "tools": data.get("tools") or [],
+            "tool_ids": data.get("tool_ids") or [],
+            "include_base_tools": data["include_base_tools"],
+            "include_base_tool_rules": data["include_base_tool_rules"],
+            "tool_rules": data.get("tool_rules") or [],
+            "tags": data.get("tags") or [],
+            "metadata": data.get("metadata") or {},
+            "secrets_": data.get("secrets") or {},
+            "enable_sleeptime": data["enable_sleeptime"],
+            "message_buffer_autoclear": data["message_buffer_autoclear"],
+            "hidden": data["hidden"],
+            "timezone_name": data["timezone"],
+        }
+
+
+class AgentUpdateIn(serializers.Serializer):
+    """Letta's UpdateAgent. Absent = keep; null = clear (where clearing means something); lists replace."""
+
+    name = serializers.CharField()
+    description = serializers.CharField(allow_blank=True, allow_null=True)
+    system = serializers.CharField(allow_blank=True, allow_null=True, trim_whitespace=False)
+    tags = serializers.ListField(child=serializers.CharField(max_length=100), allow_null=True)
+    metadata = serializers.DictField(allow_null=True)
+    model = serializers.CharField()
+    embedding = serializers.CharField(allow_blank=True, allow_null=True)
+    context_window_limit = serializers.IntegerField(allow_null=True, min_value=1)
+    model_settings = ModelSettingsIn(allow_null=True)
+    compaction_settings = serializers.DictField(allow_null=True)
+    timezone = serializers.CharField(allow_null=True)
+    secrets = serializers.DictField(child=SecretValueIn(), allow_null=True)
+    message_buffer_autoclear = serializers.BooleanField()
+    enable_sleeptime = serializers.BooleanField()
+    hidden = serializers.BooleanField()
+    tool_ids = serializers.ListField(child=serializers.CharField())
+    block_ids = serializers.ListField(child=serializers.CharField())
+    tool_rules = serializers.ListField(child=serializers.JSONField(), allow_null=True)
+    message_ids = serializers.ListField(child=serializers.CharField())
+    last_run_completion = serializers.DateTimeField(allow_null=True)
+    last_run_duration_ms = serializers.IntegerField(allow_null=True, min_value=0)
+    last_stop_reason = serializers.ChoiceField(choices=[r.value for r in StopReason], allow_null=True)
+    # Deprecated aliases, folded in by validate().
+    tool_exec_environment_variables = serializers.DictField(child=SecretValueIn(), allow_null=True)
+    llm_config = serializers.DictField(allow_null=True)
+    embedding_config = serializers.DictField(allow_null=True)
+    max_tokens = serializers.IntegerField(allow_null=True, min_value=1)
+    parallel_tool_calls = serializers.BooleanField(allow_null=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Every field is optional: PATCH semantics, with absent kept apart from null."""
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            field.required = False
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = dict(attrs)
+        llm = attrs.pop("llm_config", None) or {}
+        emb = attrs.pop("embedding_config", None) or {}
+        if "model" not in attrs and llm.get("handle"):
+            attrs["model"] = llm["handle"]
+        if "context_window_limit" not in attrs and llm.get("context_window"):
+            attrs["context_window_limit"] = llm["context_window"]
+        if "embedding" not in attrs and emb.get("handle"):
+            attrs["embedding"] = emb["handle"]
+        legacy = {
+            key: attrs.pop(old)
+            for old, key in (
+                ("max_tokens", "max_output_tokens"),
+                ("parallel_tool_calls", "parallel_tool_calls"),
+            )
+            if attrs.get(old) is not None
+        }
+        if llm.get("temperature") is not None:
+            legacy["temperature"] = llm["temperature"]
+        attrs.pop("max_tokens", None)
+        attrs.pop("parallel_tool_calls", None)
+        if legacy and "model_settings" not in attrs:
+            attrs["model_settings"] = legacy
+        legacy_secrets = attrs.pop("tool_exec_environment_variables", None)
+        if "secrets" not in attrs and legacy_secrets is not None:
+            attrs["secrets"] = legacy_secrets
+        return attrs
+
+    def to_service_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for agents.services.agent_update: only what the request named."""
+        renamed = {"secrets": "secrets_", "timezone": "timezone_name"}
+        return {renamed.get(key, key): value for key, value in self.validated_data.items()}

@@ -1,0 +1,336 @@
+"""Server-sent events in Letta's wire format (letta_api.md section 2), relayed from a run's event stream.
+
+The run's events (apps.streams.events) are read from the beginning, numbered by their position in the
+stream, and translated one by one: stored messages pass through; with token streaming, the loop's token
+deltas become partial reasoning_message / assistant_message / tool_call_message chunks that share one id
+per message, and the complete versions of what was streamed are not sent again. Each message carries
+`seq_id` = the position of the event it came from, so a client resuming with `starting_after=<last
+seq_id>` gets exactly what it missed. The stream ends with stop_reason, usage_statistics, an
+`event: error` for a failed run (the SDK raises it), and `data: [DONE]`.
+
+Views stay thin: they build a StreamOptions and return `sse_response(request, run_sse(...))`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, StreamingHttpResponse
+
+from apps.agents import selectors as agent_selectors
+from apps.agents.loop.convert import to_letta_messages
+from apps.agents.models import Message, Run
+from apps.core.actor import Actor
+from apps.streams.events import START, follow_events, read_events
+
+logger = logging.getLogger(__name__)
+
+PING_INTERVAL_S = 20.0
+"""Seconds of silence before a keep-alive ping: well under the SDK's 60 s read timeout."""
+POLL_MS = 1000
+FOLLOW_TIMEOUT_S = 3600.0
+TERMINAL_GRACE_POLLS = 3
+"""Idle polls to wait once the database says the run ended but its stream has no end event yet (a worker
+that died, a run cancelled before it started), before ending the stream from the database."""
+DONE = b"data: [DONE]\n\n"
+STEP_MESSAGE_TYPES = frozenset({"reasoning_message", "assistant_message", "tool_call_message"})
+CONTROL_TYPES = frozenset({"stop_reason", "usage_statistics", "ping", "error_message"})
+FAILED_STOP_REASONS = frozenset(
+    {
+        "error",
+        "invalid_tool_call",
+        "no_tool_call",
+        "invalid_llm_response",
+        "llm_api_error",
+        "max_tokens_exceeded",
+        "context_window_overflow_in_system_prompt",
+        "insufficient_credits",
+    }
+)
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event, separators=(',', ':'), default=str)}\n\n".encode()
+
+
+def encode_error(event: dict[str, Any]) -> bytes:
+    return f"event: error\ndata: {json.dumps(event, separators=(',', ':'), default=str)}\n\n".encode()
+
+
+def ping(run_id: str | None) -> dict[str, Any]:
+    return {"message_type": "ping", "id": f"ping-{uuid.uuid4()}", "date": _now(), "run_id": run_id}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    stream_tokens: bool = False
+    include_types: frozenset[str] | None = None
+    include_pings: bool = True
+    approval_tools: frozenset[str] = frozenset()
+    starting_after: int = 0
+
+
+@dataclass
+class LettaEventTranslator:
+    """Run events -> Letta stream items, at most one per event. Stateful: token mode remembers what was
+    streamed in pieces, so the complete message that follows is not sent twice."""
+
+    options: StreamOptions
+    streamed_parts: set[tuple[str | None, str]] = field(default_factory=set)
+    streamed_calls: set[str] = field(default_factory=set)
+    held_calls: set[str] = field(default_factory=set)
+
+    def translate(self, seq: int, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("message_type")
+        if kind == "delta":
+            item = self._chunk(seq, event) if self.options.stream_tokens else None
+        elif kind in ("stop_reason", "usage_statistics"):
+            return event
+        elif kind == "run_end":
+            return None
+        else:
+            item = None if self._already_streamed(event) else {**event, "seq_id": seq}
+        if item is None:
+            return None
+        include = self.options.include_types
+        return item if include is None or item.get("message_type") in include else None
+
+    def _chunk(self, seq: int, delta: dict[str, Any]) -> dict[str, Any] | None:
+        step_id, run_id = delta.get("step_id"), delta.get("run_id")
+        message_id = delta.get("message_id") or _message_id_for(step_id, run_id)
+        base = {"id": message_id, "date": _now(), "run_id": run_id, "step_id": step_id, "seq_id": seq}
+        kind, text = delta.get("kind"), delta.get("text") or ""
+        if kind == "reasoning":
+            self.streamed_parts.add((step_id, "reasoning"))
+            return {
+                **base,
+                "message_type": "reasoning_message",
+                "otid": _otid(message_id, "reasoning"),
+                "reasoning": text,
+                "source": "non_reasoner_model",
+            }
+        if kind == "content":
+            self.streamed_parts.add((step_id, "content"))
+            return {
+                **base,
+                "message_type": "assistant_message",
+                "otid": _otid(message_id, "content"),
+                "content": text,
+            }
+        call_id, name = delta.get("tool_call_id"), delta.get("tool_name")
+        if kind != "tool_call_args" or not call_id:
+            return None
+        if name in self.options.approval_tools or call_id in self.held_calls:
+            self.held_calls.add(call_id)  # comes whole, as an approval request
+            return None
+        self.streamed_calls.add(call_id)
+        call = {"name": name, "arguments": text, "tool_call_id": call_id}
+        return {
+            **base,
+            "message_type": "tool_call_message",
+            "otid": _otid(message_id, call_id),
+            "tool_call": call,
+            "tool_calls": call,
+        }
+
+    def _already_streamed(self, event: dict[str, Any]) -> bool:
+        if not self.options.stream_tokens or event.get("message_type") not in STEP_MESSAGE_TYPES:
+            return False
+        kind, step_id = event["message_type"], event.get("step_id")
+        if kind == "reasoning_message":
+            return (step_id, "reasoning") in self.streamed_parts
+        if kind == "assistant_message":
+            return (step_id, "content") in self.streamed_parts
+        call = event.get("tool_call") or {}
+        return call.get("tool_call_id") in self.streamed_calls
+
+
+def _message_id_for(step_id: str | None, run_id: str | None) -> str:
+    """The id the chunks of one step's reply share (stable across replays of the stream)."""
+    source = step_id or run_id or ""
+    return f"message-{uuid.uuid5(uuid.NAMESPACE_URL, source)}" if source else f"message-{uuid.uuid4()}"
+
+
+def _otid(message_id: str, part: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{message_id}/{part}"))
+
+
+class _TerminalWatch:
+    """follow_events' on_idle: ends the stream once the run is over in the database but its stream stays
+    silent (no end event will come)."""
+
+    def __init__(self, actor: Actor, run_id: str) -> None:
+        self.actor, self.run_id = actor, run_id
+        self.silent_polls = 0
+
+    def __call__(self) -> bool:
+        status = agent_selectors.run_get(actor=self.actor, run_id=self.run_id).status
+        if status not in agent_selectors.TERMINAL_RUN_STATUSES:
+            self.silent_polls = 0
+            return False
+        self.silent_polls += 1
+        return self.silent_polls >= TERMINAL_GRACE_POLLS
+
+
+def run_sse(
+    *, actor: Actor, run_id: str, options: StreamOptions, timeout_s: float | None = None
+) -> Iterator[bytes]:
+    """The run's events as SSE bytes: replayed from the start (skipping what the client already has),
+    then followed live, with pings while idle; always ends with [DONE], also when reading fails midway
+    (then after an `event: error`, since the HTTP status is long gone)."""
+    try:
+        yield from _run_sse(actor=actor, run_id=run_id, options=options, timeout_s=timeout_s)
+    except Exception as exc:
+        logger.exception("api.sse_failed", extra={"run_id": run_id})
+        yield encode_error(
+            {
+                "message_type": "error_message",
+                "run_id": run_id,
+                "error_type": "internal_error",
+                "message": "The event stream failed; the run itself may still be going.",
+                "detail": f"{type(exc).__name__}: {exc}",
+                "seq_id": None,
+            }
+        )
+        yield DONE
+
+
+def _run_sse(
+    *, actor: Actor, run_id: str, options: StreamOptions, timeout_s: float | None
+) -> Iterator[bytes]:
+    if not read_events(run_id, after=START, count=1):
+        run = agent_selectors.run_get(actor=actor, run_id=run_id)
+        if run.status in agent_selectors.TERMINAL_RUN_STATUSES:
+            yield from _replay_from_database(actor=actor, run=run, options=options)
+            return
+    translator = LettaEventTranslator(options)
+    sent: set[str] = set()
+    seq = 0
+    last_output = time.monotonic()
+    watch = _TerminalWatch(actor, run_id)
+    timeout_s = timeout_s or FOLLOW_TIMEOUT_S
+    for event in follow_events(run_id, after=START, timeout_s=timeout_s, poll_ms=POLL_MS, on_idle=watch):
+        if event is None:
+            if options.include_pings and time.monotonic() - last_output >= PING_INTERVAL_S:
+                last_output = time.monotonic()
+                yield encode(ping(run_id))
+            continue
+        seq += 1
+        if event.is_end:
+            break
+        item = translator.translate(seq, event.data)
+        if item is None:
+            continue
+        kind = item.get("message_type")
+        if kind in CONTROL_TYPES:
+            sent.add(kind)
+        elif seq <= options.starting_after:
+            continue
+        last_output = time.monotonic()
+        yield encode(item)
+    yield from _ending(actor=actor, run_id=run_id, sent=sent)
+
+
+def _ending(*, actor: Actor, run_id: str, sent: set[str]) -> Iterator[bytes]:
+    """What the stream did not carry (its writer died, or it was cancelled before starting), from the
+    database; then the error event of a failed run, and [DONE]."""
+    run = agent_selectors.run_get(actor=actor, run_id=run_id)
+    finished = run.status in agent_selectors.TERMINAL_RUN_STATUSES
+    if finished and "stop_reason" not in sent:
+        yield encode({"message_type": "stop_reason", "stop_reason": _stop_reason_of(run)})
+    if finished and "usage_statistics" not in sent:
+        yield encode(usage_of(actor=actor, run=run))
+    if run.status == Run.Status.FAILED:
+        yield encode_error(error_message(run))
+    yield DONE
+
+
+def _replay_from_database(*, actor: Actor, run: Run, options: StreamOptions) -> Iterator[bytes]:
+    """A finished run whose event stream expired: its stored messages, then the ending."""
+    produced = agent_selectors.run_message_list(actor=actor, run_id=run.id).exclude(
+        role__in=[Message.Role.USER, Message.Role.SYSTEM]
+    )
+    translator = LettaEventTranslator(StreamOptions(include_types=options.include_types))
+    seq = 0
+    for message in produced.order_by("sequence_id").exclude(step__isnull=True, role=Message.Role.APPROVAL):
+        for letta_message in to_letta_messages(message):
+            seq += 1
+            item = translator.translate(seq, letta_message)
+            if item is not None and seq > options.starting_after:
+                yield encode(item)
+    yield from _ending(actor=actor, run_id=run.id, sent=set())
+
+
+def _stop_reason_of(run: Run) -> str:
+    if run.stop_reason:
+        return run.stop_reason
+    return "cancelled" if run.status == Run.Status.CANCELLED else "error"
+
+
+def usage_of(*, actor: Actor, run: Run) -> dict[str, Any]:
+    totals = agent_selectors.run_usage(actor=actor, run_id=run.id)
+    return {
+        "message_type": "usage_statistics",
+        "prompt_tokens": totals["prompt_tokens"],
+        "completion_tokens": totals["completion_tokens"],
+        "total_tokens": totals["total_tokens"],
+        "step_count": totals["step_count"],
+        "run_ids": [run.id],
+    }
+
+
+def error_message(run: Run) -> dict[str, Any]:
+    """Letta's LettaErrorMessage for a failed run."""
+    detail = (run.error or {}).get("message") or run.metadata.get("error") or ""
+    reason = _stop_reason_of(run)
+    return {
+        "message_type": "error_message",
+        "run_id": run.id,
+        "error_type": reason,
+        "message": detail or f"The run failed ({reason}).",
+        "detail": detail or None,
+        "seq_id": None,
+    }
+
+
+def is_asgi(request: HttpRequest) -> bool:
+    return isinstance(getattr(request, "_request", request), ASGIRequest)
+
+
+def _next_chunk(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)
+
+
+async def _as_async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Serve a blocking iterator under ASGI without buffering it: each step runs in the request's own
+    sync thread (Django gives every ASGI request one), so the event loop never blocks."""
+    advance = sync_to_async(_next_chunk)
+    try:
+        while (chunk := await advance(chunks)) is not None:
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await sync_to_async(close)()
+
+
+def sse_response(request: HttpRequest, chunks: Iterator[bytes]) -> StreamingHttpResponse:
+    """text/event-stream, whatever the Accept header said (the SDK sends application/json)."""
+    content = _as_async(chunks) if is_asgi(request) else chunks
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

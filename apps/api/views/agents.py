@@ -1,0 +1,245 @@
+"""/v1/agents (CRUD, tools, core-memory blocks) and /v1/tags: thin adapters over agents' services and selectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from django.urls import re_path
+from drf_spectacular.plumbing import build_array_type, build_basic_type
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.agents import selectors as agent_selectors
+from apps.agents import services as agent_services
+from apps.agents.models import StopReason
+from apps.api.base import OrgApiView
+from apps.api.serializers import agents as s
+from apps.api.serializers.common import BlockOut, BlockUpdateIn
+from apps.api.serializers.tools import ToolResponse
+from apps.core.pagination import PageParams, paginate
+
+AGENT_TOOLS_DEFAULT_LIMIT = 10  # Letta's default for GET /v1/agents/{id}/tools
+AGENT_BLOCKS_DEFAULT_LIMIT = 100  # Letta's default for GET /v1/agents/{id}/core-memory/blocks
+
+
+def is_sdk_v1(request: Request) -> bool:
+    """Letta's test for a 1.x SDK (Stainless-generated): some endpoints then answer null instead of the agent."""
+    user_agent = request.headers.get("User-Agent", "").lower()
+    return "X-Stainless-Package-Version" in request.headers or "letta-client/" in user_agent
+
+
+def json_null() -> HttpResponse:
+    """A JSON `null` body: DRF renders Response(None) as an empty body, which the SDK cannot decode."""
+    return HttpResponse(b"null", content_type="application/json")
+
+
+class AgentListQueryIn(serializers.Serializer):
+    name = serializers.CharField(required=False)
+    query_text = serializers.CharField(required=False)
+    match_all_tags = serializers.BooleanField(required=False, default=False)
+    created_by_id = serializers.CharField(required=False)
+    last_stop_reason = serializers.ChoiceField(choices=[r.value for r in StopReason], required=False)
+    ascending = serializers.BooleanField(required=False)
+
+
+def _page_params(request: Request, *, default_limit: int = 50) -> PageParams:
+    """Letta's cursors, plus the deprecated `ascending` flag when `order` is not given."""
+    params = request.query_params.dict()
+    if "order" not in params and "ascending" in params:
+        params["order"] = "asc" if params["ascending"].lower() == "true" else "desc"
+    return PageParams.from_query(params, default_limit=default_limit)
+
+
+class AgentListCreateApi(OrgApiView):
+    @extend_schema(
+        operation_id="list_agents",
+        parameters=[AgentListQueryIn, OpenApiParameter("tags", str, many=True)],
+        responses=s.AgentStateOut(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        query = AgentListQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = {k: v for k, v in query.validated_data.items() if k != "ascending"}
+        qs = agent_selectors.agent_state_list(
+            actor=self.actor, tags=request.query_params.getlist("tags"), **filters
+        )
+        page = paginate(qs, _page_params(request))
+        return Response(s.agent_states(page, actor=self.actor))
+
+    @extend_schema(operation_id="create_agent", request=s.AgentCreateIn, responses=s.AgentStateOut)
+    def post(self, request: Request) -> Response:
+        data = s.AgentCreateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        agent = agent_services.agent_create_with_settings(actor=self.actor, **data.to_service_kwargs())
+        return self._state(agent.id)
+
+    def _state(self, agent_id: str) -> Response:
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+
+class AgentDetailApi(OrgApiView):
+    @extend_schema(operation_id="retrieve_agent", responses=s.AgentStateOut)
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+    @extend_schema(operation_id="modify_agent", request=s.AgentUpdateIn, responses=s.AgentStateOut)
+    def patch(self, request: Request, agent_id: str) -> Response:
+        data = s.AgentUpdateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        agent_services.agent_update(actor=self.actor, agent_id=agent_id, **data.to_service_kwargs())
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+    @extend_schema(operation_id="delete_agent", responses={200: None})
+    def delete(self, request: Request, agent_id: str) -> Response:
+        agent_services.agent_delete(actor=self.actor, agent_id=agent_id)
+        return Response({"message": f"Agent id={agent_id} successfully deleted"})
+
+
+class AgentToolListApi(OrgApiView):
+    @extend_schema(operation_id="list_tools_for_agent", responses=ToolResponse(many=True))
+    def get(self, request: Request, agent_id: str) -> Response:
+        qs = agent_selectors.agent_tool_list(actor=self.actor, agent_id=agent_id)
+        page = paginate(qs, _page_params(request, default_limit=AGENT_TOOLS_DEFAULT_LIMIT))
+        return Response(ToolResponse(page, many=True).data)
+
+
+class _AgentStateOrNullApi(OrgApiView):
+    """Letta answers these with the AgentState, or with null to 1.x SDKs (which type it Optional)."""
+
+    def _answer(self, request: Request, agent_id: str) -> Response | HttpResponse:
+        if is_sdk_v1(request):
+            return json_null()
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+
+class AgentToolAttachApi(_AgentStateOrNullApi):
+    @extend_schema(operation_id="attach_tool_to_agent", request=None, responses=s.AgentStateOut)
+    def patch(self, request: Request, agent_id: str, tool_id: str) -> Response | HttpResponse:
+        agent_services.agent_attach_tool_by_id(actor=self.actor, agent_id=agent_id, tool_id=tool_id)
+        return self._answer(request, agent_id)
+
+
+class AgentToolDetachApi(_AgentStateOrNullApi):
+    @extend_schema(operation_id="detach_tool_from_agent", request=None, responses=s.AgentStateOut)
+    def patch(self, request: Request, agent_id: str, tool_id: str) -> Response | HttpResponse:
+        agent_services.agent_detach_tool(actor=self.actor, agent_id=agent_id, tool_id=tool_id)
+        return self._answer(request, agent_id)
+
+
+class CoreMemoryBlockListApi(OrgApiView):
+    @extend_schema(operation_id="list_core_memory_blocks", responses=BlockOut(many=True))
+    def get(self, request: Request, agent_id: str) -> Response:
+        qs = agent_selectors.agent_block_list(actor=self.actor, agent_id=agent_id)
+        page = paginate(qs, _page_params(request, default_limit=AGENT_BLOCKS_DEFAULT_LIMIT))
+        return Response(BlockOut(page, many=True).data)
+
+
+class CoreMemoryBlockAttachApi(OrgApiView):
+    @extend_schema(operation_id="attach_core_memory_block", request=None, responses=s.AgentStateOut)
+    def patch(self, request: Request, agent_id: str, block_id: str) -> Response:
+        agent_services.agent_attach_block_by_id(actor=self.actor, agent_id=agent_id, block_id=block_id)
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+
+class CoreMemoryBlockDetachApi(OrgApiView):
+    @extend_schema(operation_id="detach_core_memory_block", request=None, responses=s.AgentStateOut)
+    def patch(self, request: Request, agent_id: str, block_id: str) -> Response:
+        agent_services.agent_detach_block_by_id(actor=self.actor, agent_id=agent_id, block_id=block_id)
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
+        return Response(s.agent_state(agent, actor=self.actor))
+
+
+class CoreMemoryBlockDetailApi(OrgApiView):
+    @extend_schema(operation_id="retrieve_core_memory_block", responses=BlockOut)
+    def get(self, request: Request, agent_id: str, block_label: str) -> Response:
+        block = agent_selectors.agent_block_get_by_label(
+            actor=self.actor, agent_id=agent_id, label=block_label
+        )
+        return Response(BlockOut(block).data)
+
+    @extend_schema(operation_id="modify_core_memory_block", request=BlockUpdateIn, responses=BlockOut)
+    def patch(self, request: Request, agent_id: str, block_label: str) -> Response:
+        data = BlockUpdateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        block = agent_services.agent_block_update_by_label(
+            actor=self.actor, agent_id=agent_id, block_label=block_label, **data.validated_data
+        )
+        return Response(BlockOut(block).data)
+
+
+class TagListQueryIn(serializers.Serializer):
+    name = serializers.CharField(required=False)
+    query_text = serializers.CharField(required=False)
+    after = serializers.CharField(required=False)
+    before = serializers.CharField(required=False)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=50)
+    order = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="asc")
+
+
+class TagListApi(OrgApiView):
+    @extend_schema(
+        operation_id="list_tags",
+        parameters=[TagListQueryIn],
+        responses={200: build_array_type(build_basic_type(OpenApiTypes.STR))},
+    )
+    def get(self, request: Request) -> Response:
+        query = TagListQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q: dict[str, Any] = dict(query.validated_data)
+        tags = agent_selectors.agent_tag_list(
+            actor=self.actor,
+            query_text=q.get("name") or q.get("query_text"),
+            after=q.get("after"),
+            before=q.get("before"),
+            limit=q["limit"],
+            order=q["order"],
+        )
+        return Response(tags)
+
+
+AGENT = r"(?P<agent_id>(?!import/?$)[^/]+)"  # /v1/agents/import belongs to the import endpoint
+
+urlpatterns = [
+    re_path(r"^v1/agents/?$", AgentListCreateApi.as_view(), name="agents"),
+    re_path(rf"^v1/agents/{AGENT}/?$", AgentDetailApi.as_view(), name="agent-detail"),
+    re_path(rf"^v1/agents/{AGENT}/tools/?$", AgentToolListApi.as_view(), name="agent-tools"),
+    re_path(
+        rf"^v1/agents/{AGENT}/tools/attach/(?P<tool_id>[^/]+)/?$",
+        AgentToolAttachApi.as_view(),
+        name="agent-tool-attach",
+    ),
+    re_path(
+        rf"^v1/agents/{AGENT}/tools/detach/(?P<tool_id>[^/]+)/?$",
+        AgentToolDetachApi.as_view(),
+        name="agent-tool-detach",
+    ),
+    re_path(
+        rf"^v1/agents/{AGENT}/core-memory/blocks/?$", CoreMemoryBlockListApi.as_view(), name="agent-blocks"
+    ),
+    # attach/ and detach/ before {block_label}: a label may literally be "attach".
+    re_path(
+        rf"^v1/agents/{AGENT}/core-memory/blocks/attach/(?P<block_id>[^/]+)/?$",
+        CoreMemoryBlockAttachApi.as_view(),
+        name="agent-block-attach",
+    ),
+    re_path(
+        rf"^v1/agents/{AGENT}/core-memory/blocks/detach/(?P<block_id>[^/]+)/?$",
+        CoreMemoryBlockDetachApi.as_view(),
+        name="agent-block-detach",
+    ),
+    re_path(
+        rf"^v1/agents/{AGENT}/core-memory/blocks/(?P<block_label>[^/]+)/?$",
+        CoreMemoryBlockDetailApi.as_view(),
+        name="agent-block-detail",
+    ),
+    re_path(r"^v1/tags/?$", TagListApi.as_view(), name="tags"),
+]

@@ -1,0 +1,79 @@
+"""One run at a time per agent conversation, in order, across real workers; a killed worker loses nothing."""
+
+import itertools
+import time
+
+import pytest
+
+from apps.agents.models import Message, Run
+from apps.agents.recovery import WORKER_LOST, fail_orphaned_runs
+from apps.agents.services import MessageIn, run_collect, run_create, run_submit
+from apps.agents.tasks import execute_run_task
+from tests.support.scripted_llm import text
+from tests.support.workers import WorkerProcess, worker_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def second_worker(scripted_server, tmp_path):
+    worker = WorkerProcess("worker-b", worker_env(scripted_server.url), tmp_path, concurrency=2).wait_ready()
+    yield worker
+    worker.stop()
+
+
+def test_messages_to_one_agent_run_one_at_a_time_in_order_across_two_workers(
+    make_agent, actor, llm, celery_worker, second_worker
+):
+    agent = make_agent()
+    llm.push(*[text(f"reply {i}", latency=0.4) for i in range(4)])
+
+    runs = []
+    for i in range(4):
+        run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content=f"message {i}")])
+        run_submit(run)
+        runs.append(run)
+    for run in runs:
+        run_collect(actor=actor, run_id=run.id, timeout_s=60)
+
+    finished = [Run.all_objects.get(id=r.id) for r in runs]
+    assert [(r.status, r.error) for r in finished] == [("completed", None)] * 4
+    for before, after in itertools.pairwise(finished):
+        assert before.completed_at <= after.started_at  # never overlapping, in submission order
+    agent.refresh_from_db()
+    by_id = dict(Message.all_objects.filter(id__in=agent.message_ids).values_list("id", "text"))
+    texts = [by_id[i] for i in agent.message_ids]  # the order the model saw them in
+    assert texts == [t for i in range(4) for t in (f"message {i}", f"reply {i}")], " | ".join(texts)
+
+
+def test_a_worker_killed_mid_run_leaves_a_failed_run_and_the_agent_usable(
+    make_agent, actor, llm, scripted_server, tmp_path, celery_worker
+):
+    doomed = WorkerProcess("doomed", worker_env(scripted_server.url), tmp_path, queues="crash").wait_ready()
+    agent = make_agent()
+    llm.push(text("never arrives", latency=30))
+    run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="remember this")])
+    execute_run_task.apply_async(args=[run.id], queue="crash")
+    deadline = time.monotonic() + 30
+    while Run.all_objects.get(id=run.id).status != Run.Status.RUNNING:
+        assert time.monotonic() < deadline, doomed.log.read_text()[-3000:]
+        time.sleep(0.1)
+
+    doomed.kill()
+    time.sleep(0.5)  # PostgreSQL notices the dead session and frees its lock
+    orphaned = fail_orphaned_runs()
+    llm.reset()
+    llm.push(text("I am here"))
+    follow_up = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="still there?")])
+    run_submit(follow_up)
+    collected = run_collect(actor=actor, run_id=follow_up.id, timeout_s=30)
+
+    crashed = Run.all_objects.get(id=run.id)
+    assert orphaned == [run.id]
+    assert (crashed.status, crashed.error) == (Run.Status.FAILED, {"message": WORKER_LOST})
+    agent.refresh_from_db()
+    remembered = Message.all_objects.get(run=run, role="user")
+    assert remembered.text == "remember this"
+    assert remembered.id in agent.message_ids  # the user's message is still in the conversation
+    assert collected.run.status == Run.Status.COMPLETED
+    assert collected.messages[-1]["content"] == "I am here"

@@ -1,0 +1,198 @@
+"""/v1/steps: list, retrieve, feedback, messages, metrics and trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from apps.agents import services as agent_services
+from apps.agents.models import Agent, Run, Step
+from apps.core.actor import Actor
+from tests.api.test_messages_api import AUTH_QUERIES, new_agent, types
+from tests.factories import MessageFactory
+
+needs_feedback_service = pytest.mark.skipif(
+    not hasattr(agent_services, "step_set_feedback"),
+    reason="apps.agents.services.step_set_feedback is not there yet (requested from the lead)",
+)
+
+
+@pytest.fixture
+def client(actor: Actor, api_client_for: Any) -> APIClient:
+    return api_client_for(actor)
+
+
+def make_step(actor: Actor, agent: Agent, run: Run | None = None, **fields: Any) -> Step:
+    return Step.all_objects.create(organization_id=actor.organization_id, agent=agent, run=run, **fields)
+
+
+@pytest.mark.django_db
+def test_steps_list_filters_by_agent_run_and_feedback(client, actor):
+    agent, other = new_agent(actor), new_agent(actor, name="Other")
+    run = Run.objects.for_actor(actor).create(agent=agent)
+    in_run = make_step(actor, agent, run, feedback="positive")
+    loose = make_step(actor, agent)
+    make_step(actor, other)
+
+    by_agent = client.get("/v1/steps/", {"agent_id": agent.id, "order": "asc"}).json()
+    by_run = client.get("/v1/steps/", {"run_id": run.id}).json()
+    with_feedback = client.get("/v1/steps/", {"has_feedback": "true"}).json()
+    negative = client.get("/v1/steps/", {"feedback": "negative"}).json()
+
+    assert [s["id"] for s in by_agent] == [in_run.id, loose.id]
+    assert [s["id"] for s in by_run] == [in_run.id]
+    assert [s["id"] for s in with_feedback] == [in_run.id]
+    assert negative == []
+
+
+@pytest.mark.django_db
+def test_steps_list_honours_after_until_an_empty_page(client, actor):
+    agent = new_agent(actor)
+    steps = [make_step(actor, agent) for _ in range(3)]
+
+    seen, after = [], None
+    for _ in range(5):
+        query = {"limit": 2, "order": "asc"} | ({"after": after} if after else {})
+        page = client.get("/v1/steps/", query).json()
+        if not page:
+            break
+        seen += [s["id"] for s in page]
+        after = page[-1]["id"]
+
+    assert seen == [s.id for s in steps]
+
+
+@pytest.mark.django_db
+def test_steps_list_costs_the_same_queries_however_long(client, actor):
+    agent = new_agent(actor)
+    make_step(actor, agent)
+    client.get("/v1/steps/")  # the key's first use is stamped
+
+    with CaptureQueriesContext(connection) as short:
+        client.get("/v1/steps/")
+    for _ in range(10):
+        make_step(actor, agent)
+    with CaptureQueriesContext(connection) as long:
+        response = client.get("/v1/steps/")
+
+    assert len(response.json()) == 11
+    assert len(long.captured_queries) == len(short.captured_queries) == AUTH_QUERIES + 1
+
+
+@pytest.mark.django_db
+def test_a_step_has_lettas_shape(client, actor):
+    agent = new_agent(actor)
+    step = make_step(
+        actor,
+        agent,
+        status="success",
+        model="gpt-4o-mini",
+        model_handle="openai/gpt-4o-mini",
+        prompt_tokens=12,
+        completion_tokens=3,
+        total_tokens=15,
+        latency_ms=40,
+        request_json={"messages": []},
+        response_json={"choices": []},
+    )
+
+    body = client.get(f"/v1/steps/{step.id}").json()
+    metrics = client.get(f"/v1/steps/{step.id}/metrics").json()
+    trace = client.get(f"/v1/steps/{step.id}/trace").json()
+
+    assert body["id"] == step.id
+    assert body["agent_id"] == agent.id
+    assert body["status"] == "success"
+    assert body["model_handle"] == "openai/gpt-4o-mini"
+    assert (body["prompt_tokens"], body["completion_tokens"], body["total_tokens"]) == (12, 3, 15)
+    assert body["feedback"] is None
+    assert body["stop_reason"] is None
+    assert metrics["llm_request_ns"] == 40_000_000
+    assert trace["request_json"] == {"messages": []}
+    assert trace["response_json"] == {"choices": []}
+
+
+@pytest.mark.django_db
+def test_a_steps_messages(client, actor):
+    agent = new_agent(actor)
+    step = make_step(actor, agent)
+    produced = MessageFactory(organization_id=actor.organization_id, agent=agent, step=step, role="assistant")
+    MessageFactory(organization_id=actor.organization_id, agent=agent)
+
+    listed = client.get(f"/v1/steps/{step.id}/messages").json()
+
+    assert [m["id"] for m in listed] == [produced.id]
+    assert types(listed) == ["assistant_message"]
+
+
+@needs_feedback_service
+@pytest.mark.django_db
+def test_feedback_is_recorded_and_cleared(client, actor):
+    step = make_step(actor, new_agent(actor))
+
+    given = client.patch(
+        f"/v1/steps/{step.id}/feedback", {"feedback": "positive", "tags": ["good"]}, format="json"
+    )
+    cleared = client.patch(f"/v1/steps/{step.id}/feedback", {"feedback": None}, format="json")
+
+    assert given.json()["feedback"] == "positive"
+    assert given.json()["tags"] == ["good"]
+    assert cleared.json()["feedback"] is None
+
+
+@pytest.mark.django_db
+def test_feedback_must_be_positive_or_negative(client, actor):
+    step = make_step(actor, new_agent(actor))
+
+    response = client.patch(f"/v1/steps/{step.id}/feedback", {"feedback": "meh"}, format="json")
+
+    assert response.status_code == 422
+    step.refresh_from_db()
+    assert step.feedback == ""
+
+
+STEP_ENDPOINTS = [
+    ("get", "/v1/steps/{step}", None),
+    ("patch", "/v1/steps/{step}/feedback", {"feedback": "negative"}),
+    ("get", "/v1/steps/{step}/messages", None),
+    ("get", "/v1/steps/{step}/metrics", None),
+    ("get", "/v1/steps/{step}/trace", None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), STEP_ENDPOINTS)
+@pytest.mark.django_db
+def test_another_organisation_gets_404_for_a_step(api_client_for, actor, other_org_actor, method, path, body):
+    step = make_step(actor, new_agent(actor))
+
+    response = getattr(api_client_for(other_org_actor), method)(
+        path.format(step=step.id), body, format="json"
+    )
+
+    assert response.status_code == 404
+    assert response.json()["detail"] == f"Step with id '{step.id}' not found"
+    step.refresh_from_db()
+    assert step.feedback == ""
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [*STEP_ENDPOINTS, ("get", "/v1/steps/", None)])
+@pytest.mark.django_db
+def test_no_key_is_401_for_steps(actor, method, path, body):
+    step = make_step(actor, new_agent(actor))
+
+    response = getattr(APIClient(), method)(path.format(step=step.id), body, format="json")
+
+    assert response.status_code == 401
+    step.refresh_from_db()
+    assert step.feedback == ""
+
+
+@pytest.mark.django_db
+def test_another_organisations_step_list_is_empty(api_client_for, actor, other_org_actor):
+    make_step(actor, new_agent(actor))
+
+    assert api_client_for(other_org_actor).get("/v1/steps/").json() == []

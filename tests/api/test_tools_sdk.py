@@ -1,0 +1,130 @@
+"""The official Letta SDK (letta-client, unpatched) against a live server: tools, archival memory, agent files."""
+
+import json
+
+import pytest
+from letta_client import BadRequestError, Letta, NotFoundError
+
+from apps.accounts.models import User
+from apps.accounts.services import api_key_create
+from apps.agents.models import Agent
+from apps.agents.services import BlockSpec, agent_create
+from apps.core.actor import Actor
+from apps.tools.models import Tool
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WEATHER_SOURCE = '''
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """Tell the weather in a city.
+
+    Args:
+        city (str): The city.
+        unit (str): celsius or fahrenheit.
+    """
+    return f"Sunny in {city}"
+'''
+
+
+@pytest.fixture
+def client(live_server, actor: Actor, llm) -> Letta:  # type: ignore[no-untyped-def]
+    """The SDK as a user would build it; `llm` points embeddings at the scripted server."""
+    key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="sdk").raw_key
+    return Letta(base_url=live_server.url, api_key=key, max_retries=0)
+
+
+@pytest.fixture
+def agent(actor: Actor, llm) -> Agent:  # type: ignore[no-untyped-def]
+    return agent_create(
+        actor=actor,
+        name="SDK agent",
+        model="openai/gpt-4o-mini",
+        embedding="openai/text-embedding-small-384",
+        memory_blocks=[BlockSpec(label="human", value="Name: Sam", limit=1000)],
+    )
+
+
+def test_tool_lifecycle_through_the_sdk(client, actor):
+    created = client.tools.upsert(source_code=WEATHER_SOURCE, tags=["weather"])
+
+    fetched = client.tools.retrieve(created.id)
+    listed = client.tools.list(name="get_weather")
+    updated = client.tools.update(created.id, description="Weather, briefly.", metadata={"owner": "sam"})
+    found = client.tools.search(query="weather city")
+    client.tools.delete(created.id)
+
+    assert (created.name, created.tool_type, created.tags) == ("get_weather", "custom", ["weather"])
+    assert created.json_schema["parameters"]["required"] == ["city"]
+    assert fetched.source_code == WEATHER_SOURCE
+    assert [t.id for t in listed.items] == [created.id]
+    assert (updated.description, updated.metadata) == ("Weather, briefly.", {"owner": "sam"})
+    assert found[0].tool.id == created.id
+    assert not Tool.objects.for_actor(actor).filter(id=created.id).exists()
+    with pytest.raises(NotFoundError):
+        client.tools.retrieve(created.id)
+
+
+def test_a_bad_docstring_raises_bad_request_with_the_reason(client):
+    source = WEATHER_SOURCE.replace("        unit (str): celsius or fahrenheit.\n", "")
+
+    with pytest.raises(BadRequestError) as error:
+        client.tools.create(source_code=source)
+
+    assert error.value.body["detail"] == (
+        "parameter 'unit' of tool 'get_weather' is not described in the docstring's Args section"
+    )
+
+
+def test_auto_pagination_of_tools_stops(client):
+    for name in ("alpha", "beta", "gamma"):
+        client.tools.create(source_code=WEATHER_SOURCE.replace("get_weather", name))
+
+    names = [t.name for t in client.tools.list(limit=2, tool_types=["custom"])]
+
+    assert sorted(names) == ["alpha", "beta", "gamma"]
+
+
+def test_archival_memory_through_the_sdk(client, agent):
+    [hiking] = client.agents.passages.create(agent.id, text="Sam loves hiking in the Alps", tags=["hobby"])
+    client.agents.passages.create(agent.id, text="The cat is named Tom")
+
+    listed = client.agents.passages.list(agent.id)
+    found = client.agents.passages.search(agent.id, query="hiking trips", top_k=1)
+    client.agents.passages.delete(hiking.id, agent_id=agent.id)
+    remaining = client.agents.passages.list(agent.id)
+
+    assert hiking.text == "Sam loves hiking in the Alps"
+    assert len(hiking.embedding) == 384
+    assert [p.text for p in listed] == ["Sam loves hiking in the Alps", "The cat is named Tom"]
+    assert (found.count, found.results[0].id, found.results[0].tags) == (1, hiking.id, ["hobby"])
+    assert [p.text for p in remaining] == ["The cat is named Tom"]
+
+
+def test_tool_approval_through_the_sdk(client, actor, agent):
+    result = client.agents.tools.update_approval(
+        "memory_insert", agent_id=agent.id, body_requires_approval=True
+    )
+
+    assert result is None
+    assert Agent.objects.for_actor(actor).get(id=agent.id).tool_rules == [
+        {"type": "requires_approval", "tool_name": "memory_insert"}
+    ]
+
+
+def test_export_and_import_through_the_sdk(client, actor, agent):
+    client.tools.upsert(source_code=WEATHER_SOURCE)
+    exported = client.agents.export_file(agent.id)
+
+    imported = client.agents.import_file(
+        file=("agent.af", exported.encode(), "application/json"), append_copy_suffix=False
+    )
+
+    [new_id] = imported.agent_ids
+    again = client.agents.export_file(new_id)
+    first, second = json.loads(exported), json.loads(again)
+    first.pop("created_at")
+    second.pop("created_at")
+    assert isinstance(exported, str)
+    assert first["agents"][0]["name"] == "SDK agent"
+    assert second == first
+    assert Agent.objects.for_actor(actor).count() == 2
