@@ -61,6 +61,8 @@ def to_llm_messages(messages: Iterable[StoredMessage]) -> list[dict[str, Any]]:
             entry: dict[str, Any] = {"role": "assistant", "content": text_of(message.content) or None}
             if message.tool_calls:
                 entry["tool_calls"] = message.tool_calls
+            elif entry["content"] is None:
+                continue  # reasoning only: providers refuse an assistant message with neither text nor calls
             out.append(entry)
         elif role == "tool":
             out.append(
