@@ -118,6 +118,7 @@ class LoopState:
     produced: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     warned: bool = False
+    token_counts: dict[str, int] = field(default_factory=dict)
 
 
 class StopRun(Exception):
@@ -298,7 +299,7 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
         model = state.target.litellm_model
         system_tokens = count_tokens(model, messages[:1])
         schema_tokens = count_tokens(model, [], schemas) if schemas else 0
-        message_tokens = [count_tokens(model, [m]) for m in messages[1:]]
+        message_tokens = _message_tokens(state)
         verdict = budget.assess(system_tokens, message_tokens, schema_tokens)
         if verdict.state == "system_overflow":
             raise StopRun(
@@ -390,9 +391,8 @@ def _add_alert(state: LoopState, name: str, text: str) -> None:
 
 def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None = None) -> None:
     """Summarise the oldest in-context messages into one summary message; they stay in recall."""
-    model = state.target.litellm_model
     if message_tokens is None or len(message_tokens) != len(state.in_context):
-        message_tokens = [count_tokens(model, [m]) if m else 0 for m in _one_llm_message_each(state)]
+        message_tokens = _message_tokens(state)
     infos = [budgeting.MessageInfo(id="system", role="system", tokens=0)] + [
         budgeting.MessageInfo(
             id=m.id,
@@ -456,12 +456,18 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
     )
 
 
-def _one_llm_message_each(state: LoopState) -> list[dict[str, Any] | None]:
-    out = []
+def _message_tokens(state: LoopState) -> list[int]:
+    """Tokens of each in-context message as the LLM sees it, counted once per message per run
+    (tokenising the whole window at every step would cost more than the rest of the step)."""
+    counts = []
     for message in state.in_context:
-        converted = to_llm_messages([message])
-        out.append(converted[0] if converted else None)
-    return out
+        tokens = state.token_counts.get(message.id)
+        if tokens is None:
+            converted = to_llm_messages([message])
+            tokens = count_tokens(state.target.litellm_model, converted) if converted else 0
+            state.token_counts[message.id] = tokens
+        counts.append(tokens)
+    return counts
 
 
 def _budget_role(message: Message) -> str:
