@@ -1,3 +1,9 @@
-"""WebSocket routes of the ADE (the run stream relay arrives with the workers issue)."""
+"""WebSocket routes of the ADE."""
 
-websocket_urlpatterns: list = []
+from django.urls import re_path
+
+from apps.ade.consumers import RunStreamConsumer
+
+websocket_urlpatterns = [
+    re_path(r"^ws/runs/(?P<run_id>[^/]+)/?$", RunStreamConsumer.as_asgi()),
+]

@@ -1,0 +1,62 @@
+"""Fixtures for the Docker sandbox tests: an engine (or a clear skip), the local base image (built by
+scripts/build_sandbox_image.sh when missing) and a leak check over every container this process started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from apps.sandbox import docker_sandbox
+from apps.sandbox.docker_sandbox import LABEL_PID, docker_available, get_client
+from tests.agents.conftest import make_agent, send  # noqa: F401  (the agent-loop test reuses them)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_IMAGE = os.environ.get("SANDBOX_TEST_IMAGE", "letta-sandbox-base:py3")
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> Iterator[str]:
+    """The sandbox base image for tests; skips when no Docker engine answers.
+
+    Builds it on first use (minutes: debootstrap) or re-imports the cached rootfs (seconds). At the end
+    of the session, no container started by this process may remain.
+    """
+    if not docker_available(ttl_seconds=0):
+        pytest.skip("no Docker engine answers (docker SDK ping failed): the Docker sandbox tests need one")
+    client = get_client()
+    if not client.images.list(name=TEST_IMAGE):
+        built = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), TEST_IMAGE],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+        if built.returncode != 0:
+            pytest.fail(f"building {TEST_IMAGE} failed:\n{built.stderr[-3000:]}")
+    yield TEST_IMAGE
+    if docker_sandbox._pool is not None:
+        docker_sandbox._pool.shutdown()
+    leaked = own_containers()
+    for container in leaked:
+        container.remove(force=True)
+    assert leaked == [], f"sandbox containers outlived the tests: {[c.short_id for c in leaked]}"
+
+
+def own_containers() -> list:  # type: ignore[type-arg]
+    """Sandbox containers started by this test process (others may run tests on this engine too)."""
+    return get_client().containers.list(all=True, filters={"label": f"{LABEL_PID}={os.getpid()}"})
+
+
+@pytest.fixture
+def docker_settings(settings, docker_image: str):  # type: ignore[no-untyped-def]
+    """Django settings that make custom tools run in Docker on the test image."""
+    settings.SANDBOX_BACKEND = "auto"
+    settings.SANDBOX_BASE_IMAGE = docker_image
+    settings.SANDBOX_PULL_IMAGES = False
+    return settings
