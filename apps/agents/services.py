@@ -24,6 +24,7 @@ from apps.agents.models import (
     Conversation,
     Message,
     Run,
+    Step,
     StopReason,
 )
 from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
@@ -309,6 +310,9 @@ def run_create(
     client_tools: list[dict[str, Any]] | None = None,
     stream_tokens: bool = False,
     background: bool = False,
+    callback_url: str = "",
+    include_return_message_types: list[str] | None = None,
+    approval_otid: str = "",
 ) -> Run:
     """Persist the input (user messages and/or an approval decision) and a Run that will process it.
 
@@ -351,11 +355,15 @@ def run_create(
         agent=agent,
         conversation=conversation,
         background=background,
+        callback_url=callback_url,
         created_by_id=actor.user_id,
         request_config={
             "max_steps": max_steps,
             "client_tools": client_tools or [],
             "stream_tokens": stream_tokens,
+            "include_return_message_types": sorted(include_return_message_types)
+            if include_return_message_types
+            else None,
         },
     )
     rows = []
@@ -367,6 +375,7 @@ def run_create(
             run=run,
             role=Message.Role.APPROVAL,
             approvals=_validate_approvals(pending, approvals),
+            otid=approval_otid,
         )
         rows.append(response)
         run.request_config["approval_response_id"] = response.id
@@ -805,3 +814,24 @@ def agent_block_update_by_label(*, actor: Actor, agent_id: str, block_label: str
     """
     block = agent_block_get_by_label(actor=actor, agent_id=agent_id, label=block_label)
     return memory_services.block_update(actor=actor, block_id=block.id, **fields)
+
+
+@transaction.atomic
+def step_set_feedback(*, actor: Actor, step_id: str, feedback: Any = UNSET, tags: Any = UNSET) -> Step:
+    """Record or clear (None) a person's thumbs up/down on a step; tags, when given, replace the step's.
+
+    Raises NotFound, also for another organisation's step."""
+    step = Step.objects.for_actor(actor).select_for_update().filter(id=step_id).first()
+    if step is None:
+        raise NotFound(f"Step with id '{step_id}' not found")
+    fields = ["updated_at"]
+    if feedback is not UNSET:
+        if feedback not in (None, "", Step.Feedback.POSITIVE, Step.Feedback.NEGATIVE):
+            raise InvalidInput("feedback must be 'positive', 'negative' or null")
+        step.feedback = feedback or ""
+        fields.append("feedback")
+    if tags is not UNSET:
+        step.tags = sorted(set(tags or []))
+        fields.append("tags")
+    step.save(update_fields=fields)
+    return step

@@ -46,10 +46,17 @@ def test_messages_to_one_agent_run_one_at_a_time_in_order_across_two_workers(
     assert texts == [t for i in range(4) for t in (f"message {i}", f"reply {i}")], " | ".join(texts)
 
 
+@pytest.fixture
+def doomed(scripted_server, tmp_path):
+    """A worker on its own queue, for the test to kill; stopped afterwards if the test did not."""
+    worker = WorkerProcess("doomed", worker_env(scripted_server.url), tmp_path, queues="crash").wait_ready()
+    yield worker
+    worker.stop()
+
+
 def test_a_worker_killed_mid_run_leaves_a_failed_run_and_the_agent_usable(
-    make_agent, actor, llm, scripted_server, tmp_path, celery_worker
+    make_agent, actor, llm, doomed, celery_worker
 ):
-    doomed = WorkerProcess("doomed", worker_env(scripted_server.url), tmp_path, queues="crash").wait_ready()
     agent = make_agent()
     llm.push(text("never arrives", latency=30))
     run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="remember this")])

@@ -9,16 +9,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from apps.agents import services as agent_services
 from apps.agents.models import Agent, Run, Step
 from apps.core.actor import Actor
 from tests.api.test_messages_api import AUTH_QUERIES, new_agent, types
 from tests.factories import MessageFactory
-
-needs_feedback_service = pytest.mark.skipif(
-    not hasattr(agent_services, "step_set_feedback"),
-    reason="apps.agents.services.step_set_feedback is not there yet (requested from the lead)",
-)
 
 
 @pytest.fixture
@@ -129,7 +123,6 @@ def test_a_steps_messages(client, actor):
     assert types(listed) == ["assistant_message"]
 
 
-@needs_feedback_service
 @pytest.mark.django_db
 def test_feedback_is_recorded_and_cleared(client, actor):
     step = make_step(actor, new_agent(actor))

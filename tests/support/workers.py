@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,6 +24,16 @@ def test_database_url() -> str:
     return (
         f"postgresql://{params['USER']}:{params['PASSWORD']}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
     )
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    """Own process group (so kill() reaches the pool), and SIGKILL when the test process dies, so an
+    interrupted test run never leaves a worker consuming the next run's queue."""
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 class WorkerProcess:
@@ -58,7 +69,7 @@ class WorkerProcess:
             env=env,
             stdout=self.log.open("w"),
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def wait_ready(self, timeout: float = 60) -> WorkerProcess:

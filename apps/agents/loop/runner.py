@@ -30,7 +30,7 @@ from apps.agents.custom_tools import run_custom_tool
 from apps.agents.locks import conversation_lock
 from apps.agents.loop import budget as budgeting
 from apps.agents.loop.context import BlockSnapshot, MemoryStats, build_llm_messages, compile_system_message
-from apps.agents.loop.convert import to_letta_messages, to_llm_messages
+from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
 from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
 from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason
@@ -39,6 +39,7 @@ from apps.agents.recall import embed_messages
 from apps.agents.recovery import fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
+from apps.core.ids import new_message_id
 from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
 from apps.llm.handles import ModelTarget, resolve_model
@@ -47,6 +48,7 @@ from apps.memory.edits import should_show_line_numbers
 from apps.memory.models import Block, Passage
 from apps.streams.events import RedisStreamSink, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
+from apps.tools.mcp import run_mcp_tool
 from apps.tools.models import Tool
 from apps.tools.rules import describe_tool_rules, parse_tool_rules
 from apps.tools.solver import ToolRulesSolver
@@ -214,11 +216,12 @@ def _step(state: LoopState) -> StopRun | None:
         provider_name=state.target.provider_name,
         context_window_limit=state.context_window,
     )
+    assistant_id = new_message_id()  # known before the call, so streamed chunks carry the stored id
     try:
-        response = _call_llm(state, request, step_id=step.id)
+        response = _call_llm(state, request, step_id=step.id, message_id=assistant_id)
     except ContextWindowExceeded:
         _compact(state, trigger="provider_overflow")
-        response = _call_llm(state, _prepare_request(state), step_id=step.id)
+        response = _call_llm(state, _prepare_request(state), step_id=step.id, message_id=assistant_id)
     except (LLMApiError, InvalidLLMResponse) as exc:
         _save_failed_step(state, step, exc)
         reason = (
@@ -242,7 +245,7 @@ def _step(state: LoopState) -> StopRun | None:
     needs_approval = [c for c in calls if _requires_approval(state, c.name)]
     run_now = [c for c in calls if c not in needs_approval]
     new_messages: list[Message] = []
-    assistant = _assistant_message(state, step, response, run_now)
+    assistant = _assistant_message(state, step, response, run_now, message_id=assistant_id)
     if assistant is not None:
         new_messages.append(assistant)
         _emit_message(state, assistant)
@@ -492,7 +495,12 @@ def _transcript(messages: list[Message]) -> str:
 
 
 def _call_llm(
-    state: LoopState, request: llm.ChatRequest, *, step_id: str | None, stream: bool | None = None
+    state: LoopState,
+    request: llm.ChatRequest,
+    *,
+    step_id: str | None,
+    stream: bool | None = None,
+    message_id: str | None = None,
 ) -> llm.ChatResponse:
     if stream if stream is not None else state.stream_tokens:
 
@@ -506,6 +514,7 @@ def _call_llm(
                     "tool_name": delta.tool_name,
                     "step_id": step_id,
                     "run_id": state.run.id,
+                    "message_id": message_id,
                 }
             )
 
@@ -568,6 +577,8 @@ def _run_tool_call(
         from apps.agents.builtin_tools import execute_builtin
 
         result = execute_builtin(name, arguments, ctx, agent=state.agent)
+    elif tool.tool_type == Tool.Type.EXTERNAL_MCP:
+        result = run_mcp_tool(tool, arguments, ctx)
     else:
         result = run_custom_tool(tool, arguments, ctx)
     limit = min(tool.return_char_limit, budgeting.tool_return_char_limit(state.context_window))
@@ -674,7 +685,12 @@ def _new_message(
 
 
 def _assistant_message(
-    state: LoopState, step: Step, response: llm.ChatResponse, calls: list[llm.ToolCall]
+    state: LoopState,
+    step: Step,
+    response: llm.ChatResponse,
+    calls: list[llm.ToolCall],
+    *,
+    message_id: str,
 ) -> Message | None:
     content: list[dict[str, Any]] = []
     if response.reasoning:
@@ -683,13 +699,16 @@ def _assistant_message(
         content.append({"type": "text", "text": response.content})
     if not content and not calls:
         return None
+    tool_calls = [_openai_call(c.id, c.name, c.arguments) for c in calls]
     return _new_message(
         state,
         Message.Role.ASSISTANT,
         step=step,
         content=content,
-        text=response.content or "",
-        tool_calls=[_openai_call(c.id, c.name, c.arguments) for c in calls] or None,
+        # Recall searches `text`: for agents that speak through send_message, that is what they said.
+        text=response.content or send_message_text(tool_calls),
+        tool_calls=tool_calls or None,
+        id=message_id,
     )
 
 

@@ -75,6 +75,10 @@ class SendRequest:
             "client_tools": self.client_tools,
             "stream_tokens": self.stream_tokens,
             "background": self.background,
+            "callback_url": self.callback_url,
+            "include_return_message_types": sorted(self.include_return_message_types)
+            if self.include_return_message_types
+            else None,
         }
 
 
@@ -257,7 +261,7 @@ class ResetMessagesIn(serializers.Serializer):
 class RunStreamIn(serializers.Serializer):
     """Body of POST /v1/runs/{run_id}/stream (also read from the query string of GET)."""
 
-    starting_after = serializers.IntegerField(required=False, min_value=0, default=0)
+    starting_after = serializers.IntegerField(required=False, min_value=0, default=0, allow_null=True)
     include_pings = serializers.BooleanField(required=False, default=True, allow_null=True)
     poll_interval = serializers.FloatField(required=False, allow_null=True)
     batch_size = serializers.IntegerField(required=False, allow_null=True)

@@ -156,7 +156,7 @@ class ConversationStreamApi(OrgApiView):
             include_pings=data.validated_data["include_pings"] is not False,
             approval_tools=agent_selectors.agent_approval_tool_names(actor=self.actor, agent_id=run.agent_id)
             | {tool["name"] for tool in config.get("client_tools") or []},
-            starting_after=data.validated_data["starting_after"],
+            starting_after=data.validated_data["starting_after"] or 0,
         )
         return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options))
 

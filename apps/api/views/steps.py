@@ -59,12 +59,8 @@ class StepFeedbackApi(OrgApiView):
         data = s.StepFeedbackIn(data=request.data)
         data.is_valid(raise_exception=True)
         agent_selectors.step_get(actor=self.actor, step_id=step_id)
-        step = agent_services.step_set_feedback(
-            actor=self.actor,
-            step_id=step_id,
-            feedback=data.validated_data.get("feedback"),
-            tags=data.validated_data.get("tags"),
-        )
+        # Only what the body carries: a PATCH with tags alone keeps the feedback, `null` clears it.
+        step = agent_services.step_set_feedback(actor=self.actor, step_id=step_id, **data.validated_data)
         return Response(s.StepOut(step).data)
 
 
