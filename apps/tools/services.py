@@ -6,11 +6,9 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from apps.accounts.models import Organization
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from apps.sandbox.local import Limits, run_tool_locally
-from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
+from apps.sandbox.selection import run_in_sandbox
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
 from apps.tools.execution import ToolStatus, cut_to_limit, stringify
 from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
@@ -330,8 +328,9 @@ def tool_run(
     name: str | None = None,
     env_vars: dict[str, str] | None = None,
 ) -> ToolRunOutcome:
-    """Run a tool's source (given, or a stored user tool's) on `args` in the local sandbox: a separate,
-    limited process, never this one. The organisation's local sandbox variables are set, then `env_vars`.
+    """Run a tool's source (given, or a stored user tool's) on `args` in the sandbox an agent would use
+    (Docker where an engine answers, else the local one): never this process. The organisation's
+    sandbox variables are set, then `env_vars`.
 
     Only owners and admins may run code this way: others get PermissionDenied (the API answers 404).
     Raises NotFound, BuiltinToolReadOnly (built-ins run only inside an agent), ToolSchemaError,
@@ -361,21 +360,13 @@ def tool_run(
         source = source_code
     else:
         raise InvalidInput("Give the tool's source_code or a tool_id")
-    organization = Organization.objects.get(id=actor.organization_id)
-    if not organization.allow_local_sandbox:
-        raise InvalidInput("This organization does not allow the local sandbox, so tools cannot be run here.")
-    config = SandboxConfig.objects.for_actor(actor).filter(sandbox_type=SandboxConfig.Type.LOCAL).first()
-    env = {
-        v.key: v.value
-        for v in SandboxEnvironmentVariable.objects.for_actor(actor).filter(sandbox_config=config)
-    }
-    env |= env_vars or {}
-    limits = (
-        Limits(timeout_seconds=config.timeout_seconds, memory_mb=max(config.memory_mb, 256))
-        if config
-        else Limits()
+    # The same sandbox an agent's call would use (Docker first), never this process.
+    ran = run_in_sandbox(
+        actor=actor, source_code=source, name=function, arguments=args, extra_env=env_vars or {}
     )
-    outcome = run_tool_locally(source_code=source, name=function, arguments=args, env=env, limits=limits)
+    if ran.backend is None:
+        raise InvalidInput(f"Tools cannot be run here: {ran.outcome.error}")
+    outcome = ran.outcome
     if outcome.ok:
         status: ToolStatus = "success"
         text = cut_to_limit(stringify(outcome.return_value), limit)
@@ -387,4 +378,5 @@ def tool_run(
         tool_return=text,
         stdout=outcome.stdout.splitlines(),
         stderr=outcome.stderr.splitlines(),
+        sandbox=ran.backend,
     )

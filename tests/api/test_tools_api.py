@@ -469,7 +469,8 @@ def test_run_is_404_for_members_who_cannot_manage(org, make_user, api_client_for
     assert response.status_code == 404
 
 
-def test_run_is_refused_where_the_organisation_forbids_the_local_sandbox(actor, api_client_for):
+def test_run_is_refused_where_the_organisation_forbids_the_local_sandbox(actor, api_client_for, settings):
+    settings.SANDBOX_BACKEND = "local"  # as on a machine without Docker
     Organization.objects.filter(id=actor.organization_id).update(allow_local_sandbox=False)
 
     response = api_client_for(actor).post(
@@ -478,7 +479,8 @@ def test_run_is_refused_where_the_organisation_forbids_the_local_sandbox(actor, 
 
     assert response.status_code == 400
     assert response.json()["detail"] == (
-        "This organization does not allow the local sandbox, so tools cannot be run here."
+        "Tools cannot be run here: Tool 'add' cannot run: this organization does not allow the local "
+        "sandbox and no Docker sandbox is available."
     )
 
 
