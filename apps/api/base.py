@@ -8,6 +8,19 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from apps.core.actor import Actor
+from apps.core.errors import InvalidInput
+
+NUL = "\x00"
+
+
+def _contains_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return NUL in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_contains_nul(v) for v in value)
+    return False
 
 
 class OrgApiView(APIView):
@@ -16,3 +29,17 @@ class OrgApiView(APIView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         self.actor = request.auth  # set by our authentication classes; IsAuthenticated ran already
+        self._refuse_nul(request)
+
+    @staticmethod
+    def _refuse_nul(request: Request) -> None:
+        """PostgreSQL cannot store NUL in text or JSON: refuse it here, once, as bad input (not a 500)."""
+        params = {key: request.query_params.getlist(key) for key in request.query_params}
+        data = request.data
+        body = {key: data.getlist(key) for key in data} if hasattr(data, "getlist") else data
+        if (
+            _contains_nul(params)
+            or _contains_nul(body)
+            or _contains_nul(list(request.parser_context["kwargs"].values()))
+        ):
+            raise InvalidInput("Text may not contain the NUL character (\\u0000)")

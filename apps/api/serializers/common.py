@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+MAX_BLOCK_LIMIT = 2**31 - 1  # the column's range (PositiveIntegerField)
+
 
 class BlockOut(serializers.Serializer):
     id = serializers.CharField()
@@ -26,7 +28,7 @@ class BlockOut(serializers.Serializer):
 class BlockCreateIn(serializers.Serializer):
     label = serializers.CharField(max_length=200)
     value = serializers.CharField(allow_blank=True, trim_whitespace=False)
-    limit = serializers.IntegerField(required=False, min_value=1)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BLOCK_LIMIT)
     description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
     read_only = serializers.BooleanField(required=False, default=False)
     is_template = serializers.BooleanField(required=False, default=False)
@@ -39,7 +41,7 @@ class BlockCreateIn(serializers.Serializer):
 class BlockUpdateIn(serializers.Serializer):
     label = serializers.CharField(max_length=200, required=False)
     value = serializers.CharField(allow_blank=True, required=False, trim_whitespace=False)
-    limit = serializers.IntegerField(required=False, min_value=1)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BLOCK_LIMIT)
     description = serializers.CharField(required=False, allow_blank=True)
     read_only = serializers.BooleanField(required=False)
     is_template = serializers.BooleanField(required=False)
