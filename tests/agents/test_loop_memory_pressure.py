@@ -88,3 +88,39 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     # step, messages, in-context list, embeddings (provider, update). Finishing: run, agent, unlock.
     assert big_count == small_count
     assert small_count <= 39
+
+
+def test_a_prompt_already_far_over_the_window_is_summarised_in_pieces_that_fit(make_agent, send, llm):
+    agent = make_agent(context_window_limit=8000, include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+    for i in range(12):
+        send(agent, f"Message {i}: {LONG}")
+    type(agent).all_objects.filter(id=agent.id).update(context_window_limit=1500)  # e.g. a smaller model
+    llm.reset()
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+
+    result = send(agent, "and now?")
+
+    summaries = [r for r in llm.chat_requests() if r["messages"][0]["content"] == SUMMARIZER_PROMPT]
+    chat = [r for r in llm.chat_requests() if r["messages"][0]["content"] != SUMMARIZER_PROMPT]
+    assert result.stop_reason == "end_turn"
+    assert len(summaries) >= 2  # the part to evict did not fit one summariser request
+    assert all(count_tokens("gpt-4o-mini", r["messages"]) <= 1500 for r in summaries)
+    assert count_tokens("gpt-4o-mini", chat[-1]["messages"], chat[-1].get("tools")) <= 1500
+
+
+def test_a_provider_context_overflow_is_compacted_and_the_step_retried(make_agent, send, llm):
+    from tests.support.scripted_llm import context_length_exceeded
+
+    agent = make_agent(include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+    for i in range(4):
+        send(agent, f"Message {i}: {LONG}")
+    llm.reset()
+    llm.push(context_length_exceeded(), text("summary of earlier talk"), text("Fits now."))
+
+    result = send(agent, "hello again")
+
+    assert result.stop_reason == "end_turn"
+    assert result.messages[-1].text == "Fits now."
+    assert Message.all_objects.filter(agent=agent, role="summary").count() == 1
