@@ -13,6 +13,7 @@ from apps.api.views import (
     archival,
     blocks,
     conversations,
+    mcp,
     messages,
     models,
     runs,
@@ -23,6 +24,7 @@ from apps.api.views import (
 urlpatterns = [
     *agent_file.urlpatterns,  # first: /v1/agents/import before any /v1/agents/{agent_id}
     *tools.urlpatterns,
+    *mcp.urlpatterns,
     *archival.urlpatterns,
     *blocks.urlpatterns,
     *agents.urlpatterns,

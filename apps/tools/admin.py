@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from apps.accounts.admin_base import OrgScopedAdmin
-from apps.tools.models import Tool
+from apps.accounts.admin_base import OrgScopedAdmin, secret_form
+from apps.tools.models import MCPServer, Tool
 
 
 @admin.register(Tool)
@@ -16,3 +16,26 @@ class ToolAdmin(OrgScopedAdmin):
     ]
     list_filter = ["tool_type", "default_requires_approval"]
     search_fields = ["name", "description", "id"]
+
+
+@admin.register(MCPServer)
+class MCPServerAdmin(OrgScopedAdmin):
+    """Env values, the auth token and custom header values are write-only: the form never shows them."""
+
+    form = secret_form(MCPServer, ("env_json", "auth_token", "custom_headers_json"))
+    list_display = ["server_name", "server_type", "endpoint", "organization", "updated_at"]
+    list_filter = ["server_type"]
+    search_fields = ["server_name", "server_url", "command", "id"]
+    readonly_fields = ["env_keys", "custom_header_keys"]
+
+    @admin.display(description="endpoint")
+    def endpoint(self, server: MCPServer) -> str:
+        return server.command if server.server_type == MCPServer.Type.STDIO else server.server_url
+
+    @admin.display(description="environment variables set")
+    def env_keys(self, server: MCPServer) -> str:
+        return ", ".join(sorted(server.env)) or "-"
+
+    @admin.display(description="custom headers set")
+    def custom_header_keys(self, server: MCPServer) -> str:
+        return ", ".join(sorted(server.custom_headers)) or "-"

@@ -12,6 +12,7 @@ from apps.core.actor import Role
 from apps.memory import services as memory_services
 from apps.memory.models import AgentBlock, Block, BlockHistory
 from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
+from apps.tools.models import MCPServer
 from tests.factories import (
     AgentFactory,
     MessageFactory,
@@ -40,6 +41,13 @@ def populated(actor, org, user):
         organization=org, sandbox_config=config, key="TOKEN", value="env-plain"
     )
     AgentSecret.all_objects.create(organization=org, agent=agent, key="SECRET", value="agent-plain")
+    MCPServer.all_objects.create(
+        organization=org,
+        server_name="files",
+        server_type=MCPServer.Type.STDIO,
+        command="python",
+        env_json='{"TOKEN": "mcp-plain"}',
+    )
     api_key_create(actor=actor, user=user, name="ci")
     return agent
 
@@ -87,6 +95,7 @@ def test_secrets_never_appear_in_admin_pages(client, user, populated):
             "admin:sandbox_sandboxenvironmentvariable_change", args=[first_pk(SandboxEnvironmentVariable)]
         ),
         reverse("admin:agents_agent_change", args=[populated.id]),
+        reverse("admin:tools_mcpserver_change", args=[first_pk(MCPServer)]),
     ]
 
     html = "".join(client.get(page).content.decode() for page in pages)
@@ -94,6 +103,7 @@ def test_secrets_never_appear_in_admin_pages(client, user, populated):
     assert "sk-provider-plaintext" not in html
     assert "env-plain" not in html
     assert "agent-plain" not in html
+    assert "mcp-plain" not in html
 
 
 @pytest.fixture

@@ -1,0 +1,728 @@
+"""MCP (Model Context Protocol) servers: the client side, and MCP tools as Letta tools.
+
+Three parts, in the order of this file:
+
+* `fetch_tools` / `invoke_tool`: one short-lived connection per operation with the official `mcp` SDK,
+  driven synchronously (see `_run_sync`) under one overall timeout;
+* services and selectors for `MCPServer` rows (create, update, delete, sync the server's tools into
+  `Tool` rows of type `external_mcp`), org-scoped like every other tenant model;
+* `run_mcp_tool` / `mcp_tool_execute`: what the agent loop and the run endpoint call; they never raise,
+  every failure is an error `ToolResult` (sandbox "mcp") the model can read.
+
+Services and selectors live here rather than in services.py/selectors.py to keep MCP in one module;
+they follow the same rules (keyword-only, `actor` first, org-scoped, domain errors).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any, TypedDict, TypeVar, cast
+from urllib.parse import urlsplit
+
+import anyio
+import httpx2
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from mcp import Client
+from mcp.client import Transport
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult
+
+from apps.accounts.models import Organization
+from apps.core.actor import Actor
+from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.tools.execution import ToolContext, ToolResult
+from apps.tools.models import MCPServer, Tool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_LIST_TOOLS_TIMEOUT = 30.0
+"""Seconds for one listing: start or reach the server, handshake, list every page (Letta: 30)."""
+DEFAULT_CALL_TOOL_TIMEOUT = 60.0
+"""Seconds for one call: start or reach the server, handshake, call (Letta: 60)."""
+SHUTDOWN_GRACE = 15.0
+"""Extra seconds the calling thread waits past the timeout while the SDK stops a stdio process
+(close stdin, 2 s, SIGTERM, 2 s, SIGKILL) or closes HTTP streams."""
+MAX_TOOL_PAGES = 20
+STDERR_TAIL_CHARS = 1000
+MCP_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""What a model provider accepts as a function name (OpenAI's rule); MCP allows more."""
+
+
+def list_tools_timeout() -> float:
+    return float(getattr(settings, "MCP_LIST_TOOLS_TIMEOUT", DEFAULT_LIST_TOOLS_TIMEOUT))
+
+
+def call_tool_timeout() -> float:
+    return float(getattr(settings, "MCP_CALL_TOOL_TIMEOUT", DEFAULT_CALL_TOOL_TIMEOUT))
+
+
+class McpServerError(DomainError):
+    """The MCP server could not be reached, did not answer in time, or broke the protocol.
+
+    `message` is short and safe to show a model; `stderr_tail` (stdio) is for the admin and the logs.
+    """
+
+    code = "mcp_server_error"
+
+    def __init__(self, message: str, *, stderr_tail: str = "") -> None:
+        super().__init__(message)
+        self.stderr_tail = stderr_tail
+
+
+class McpToolNameConflict(Conflict):
+    code = "mcp_tool_name_conflict"
+
+
+# --- the client: one connection per operation -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class McpTarget:
+    """Where and how to connect, secrets decrypted. Built per operation, never stored or logged."""
+
+    server_type: str
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def label(self) -> str:
+        """For messages (a model may read them): the command without its arguments, or the URL's origin.
+        Arguments, paths and query strings often carry keys (`--api-key=...`, `/s/<token>/mcp`)."""
+        return self.command if self.server_type == MCPServer.Type.STDIO else _origin(self.url)
+
+
+@dataclass(frozen=True)
+class McpToolSpec:
+    """One tool as an MCP server lists it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class McpCallOutput:
+    is_error: bool
+    text: str
+
+
+def fetch_tools(target: McpTarget, *, timeout: float | None = None) -> list[McpToolSpec]:
+    """Every tool the server lists (all pages). Raises McpServerError."""
+    seconds = list_tools_timeout() if timeout is None else timeout
+
+    async def work(client: Client) -> list[McpToolSpec]:
+        specs: list[McpToolSpec] = []
+        cursor: str | None = None
+        for _ in range(MAX_TOOL_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            specs.extend(
+                McpToolSpec(
+                    name=tool.name,
+                    description=tool.description or "",
+                    input_schema=dict(tool.input_schema or {}),
+                    annotations=tool.annotations.model_dump(by_alias=True, exclude_none=True)
+                    if tool.annotations
+                    else None,
+                )
+                for tool in page.tools
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return specs
+
+    return _run_sync(lambda: _with_client(target, seconds, work), timeout=seconds)
+
+
+def invoke_tool(
+    target: McpTarget, name: str, arguments: dict[str, Any], *, timeout: float | None = None
+) -> McpCallOutput:
+    """Call one tool; an MCP error result is `is_error=True`, not an exception. Raises McpServerError."""
+    seconds = call_tool_timeout() if timeout is None else timeout
+
+    async def work(client: Client) -> McpCallOutput:
+        result = await client.call_tool(name, arguments)
+        return McpCallOutput(is_error=result.is_error, text=result_text(result))
+
+    return _run_sync(lambda: _with_client(target, seconds, work), timeout=seconds)
+
+
+def result_text(result: CallToolResult) -> str:
+    """The text parts joined by newlines (non-text parts named); structured content when there is no text."""
+    parts: list[str] = []
+    for block in result.content:
+        text = getattr(block, "text", None)
+        resource_text = getattr(getattr(block, "resource", None), "text", None)
+        if isinstance(text, str):
+            parts.append(text)
+        elif isinstance(resource_text, str):
+            parts.append(resource_text)
+        else:
+            parts.append(f"[{block.type} content omitted]")
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False, default=str)
+    return "\n".join(parts)
+
+
+def _run_sync(operation: Callable[[], Awaitable[T]], *, timeout: float) -> T:
+    """Run an async SDK operation to completion from synchronous code (Celery task, request thread).
+
+    The operation gets its own thread and event loop: the caller may be a thread that already runs a
+    loop (ASGI), where `anyio.run` would refuse. The operation bounds itself with `timeout`; the join
+    adds SHUTDOWN_GRACE for the SDK's process shutdown, and a thread still alive after that is left
+    behind (daemon) rather than blocking the agent's run.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = anyio.run(operation)
+        except BaseException as exc:  # handed over to the calling thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="mcp-client", daemon=True)
+    thread.start()
+    thread.join(timeout + SHUTDOWN_GRACE)
+    if thread.is_alive():
+        raise McpServerError(f"the MCP server did not finish within {timeout:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return cast(T, outcome["value"])
+
+
+async def _with_client(target: McpTarget, seconds: float, work: Callable[[Client], Awaitable[T]]) -> T:
+    """Connect (spawn or dial), handshake, `work`, disconnect, all within `seconds`."""
+    errlog = (
+        tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115 (closed below)
+        if target.server_type == MCPServer.Type.STDIO
+        else None
+    )
+    try:
+        with anyio.fail_after(seconds):
+            client = Client(_transport(target, seconds, errlog), read_timeout_seconds=seconds, cache=None)
+            async with client:
+                return await work(client)
+    except McpServerError:
+        raise
+    except Exception as exc:
+        # The boundary to another process or host: the SDK raises OS, HTTP, protocol and validation
+        # errors, often wrapped in exception groups. Each becomes one readable McpServerError.
+        raise McpServerError(_describe_failure(exc, target, seconds), stderr_tail=_tail(errlog)) from exc
+    finally:
+        if errlog is not None:
+            errlog.close()
+
+
+def _transport(target: McpTarget, timeout: float, errlog: IO[str] | None) -> Transport:
+    if target.server_type == MCPServer.Type.STDIO:
+        params = StdioServerParameters(command=target.command, args=list(target.args), env=target.env or None)
+        return cast(Transport, stdio_client(params, errlog=cast(Any, errlog)))
+    if target.server_type == MCPServer.Type.SSE:
+        return cast(
+            Transport,
+            sse_client(target.url, headers=target.headers or None, timeout=timeout, sse_read_timeout=timeout),
+        )
+    return cast(Transport, _streamable_http(target.url, target.headers, timeout))
+
+
+@asynccontextmanager
+async def _streamable_http(url: str, headers: dict[str, str], seconds: float) -> AsyncIterator[Any]:
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(seconds)) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _describe_failure(exc: BaseException, target: McpTarget, timeout: float) -> str:
+    leaves = _leaves(exc)
+    first = next((leaf for leaf in leaves if not isinstance(leaf, anyio.get_cancelled_exc_class())), exc)
+    if isinstance(first, TimeoutError):
+        return f"the MCP server ({target.label}) did not answer within {timeout:g} s"
+    if isinstance(first, OSError) and target.server_type == MCPServer.Type.STDIO:
+        return f"cannot start the MCP server command '{target.command}': {first.strerror or first}"
+    if isinstance(first, httpx2.HTTPStatusError):
+        return f"the MCP server ({target.label}) answered HTTP {first.response.status_code}"
+    if isinstance(first, httpx2.TransportError):
+        return f"cannot reach the MCP server ({target.label}): {type(first).__name__}: {first}"
+    if isinstance(first, MCPError):
+        return f"the MCP server ({target.label}) failed: {first}"
+    return f"the MCP server ({target.label}) failed: {type(first).__name__}: {first}"
+
+
+def _tail(errlog: IO[str] | None) -> str:
+    if errlog is None:
+        return ""
+    try:
+        errlog.seek(0)
+        return errlog.read()[-STDERR_TAIL_CHARS:].strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}" if parts.scheme and parts.hostname else "the server URL"
+
+
+# --- targets from rows: decrypt, and apply the organisation's policy ---------------------------------------
+
+
+def mcp_target(*, server: MCPServer) -> McpTarget:
+    """The decrypted connection for `server`. Raises InvalidInput when the organisation forbids stdio
+    servers (`Organization.allow_local_sandbox`: a stdio server is a command run on this host)."""
+    if server.server_type == MCPServer.Type.STDIO:
+        _check_stdio_allowed(server.organization_id)
+        return McpTarget(
+            server_type=server.server_type, command=server.command, args=tuple(server.args), env=server.env
+        )
+    headers = dict(server.custom_headers)
+    if server.auth_token:
+        headers[server.auth_header or "Authorization"] = _auth_value(server.auth_header, server.auth_token)
+    return McpTarget(server_type=server.server_type, url=server.server_url, headers=headers)
+
+
+def _auth_value(header: str, token: str) -> str:
+    """A bare token in an Authorization header gets the Bearer scheme; anything else is sent as given."""
+    if (header or "Authorization").lower() == "authorization" and " " not in token.strip():
+        return f"Bearer {token.strip()}"
+    return token
+
+
+def _check_stdio_allowed(organization_id: str) -> None:
+    allowed = (
+        Organization.objects.filter(id=organization_id).values_list("allow_local_sandbox", flat=True).first()
+    )
+    if not allowed:
+        raise InvalidInput(
+            "This organization does not allow stdio MCP servers (commands run on the server host); "
+            "an administrator can enable the local sandbox for it."
+        )
+
+
+# --- selectors --------------------------------------------------------------------------------------------
+
+
+class McpToolMetadata(TypedDict):
+    """`Tool.metadata["mcp"]` of an external_mcp tool (Letta's shape, plus the MCP-side tool name)."""
+
+    server_id: str
+    server_name: str
+    tool_name: str
+
+
+def mcp_metadata(tool: Tool) -> dict[str, Any]:
+    """`tool.metadata["mcp"]`, or {} when absent or not an object (metadata is user-editable)."""
+    meta = tool.metadata.get("mcp") if isinstance(tool.metadata, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def mcp_server_list(*, actor: Actor) -> QuerySet[MCPServer]:
+    return MCPServer.objects.for_actor(actor).order_by("server_name")
+
+
+def mcp_server_get(*, actor: Actor, server_id: str) -> MCPServer:
+    """The organisation's server; raises NotFound (also for another organisation's)."""
+    server = MCPServer.objects.for_actor(actor).filter(id=server_id).first()
+    if server is None:
+        raise NotFound(f"MCP server with id '{server_id}' not found")
+    return server
+
+
+def mcp_server_get_by_name(*, actor: Actor, server_name: str) -> MCPServer:
+    server = MCPServer.objects.for_actor(actor).filter(server_name=server_name).first()
+    if server is None:
+        raise NotFound(f"MCP server '{server_name}' not found")
+    return server
+
+
+def mcp_server_tools(*, actor: Actor, server: MCPServer) -> QuerySet[Tool]:
+    """The Tool rows registered from `server`."""
+    return Tool.objects.for_actor(actor).filter(
+        tool_type=Tool.Type.EXTERNAL_MCP, metadata__mcp__server_id=server.id
+    )
+
+
+def mcp_server_tool_get(*, actor: Actor, server: MCPServer, tool_id: str) -> Tool:
+    tool = mcp_server_tools(actor=actor, server=server).filter(id=tool_id).first()
+    if tool is None:
+        raise NotFound(f"Tool with id '{tool_id}' not found on MCP server '{server.server_name}'")
+    return tool
+
+
+@dataclass(frozen=True)
+class RemoteTool:
+    """A tool as the server lists it, with whether it can become a Letta tool and why not."""
+
+    spec: McpToolSpec
+    problems: tuple[str, ...]
+
+
+def mcp_server_remote_tools(*, actor: Actor, server: MCPServer) -> list[RemoteTool]:
+    """List the server's tools live. Owners and admins only. Raises McpServerError, InvalidInput."""
+    _require_manager(actor)
+    return [RemoteTool(spec, tuple(_problems(spec))) for spec in fetch_tools(mcp_target(server=server))]
+
+
+def _problems(spec: McpToolSpec) -> list[str]:
+    problems = []
+    if not MCP_TOOL_NAME.match(spec.name):
+        problems.append("the name is not a valid function name (letters, digits, '_' and '-'; at most 64)")
+    schema = spec.input_schema
+    if schema.get("type", "object") != "object" or not isinstance(schema.get("properties", {}), dict):
+        problems.append("the input schema is not a JSON schema object")
+    return problems
+
+
+# --- services ---------------------------------------------------------------------------------------------
+
+
+def _require_manager(actor: Actor) -> None:
+    if not actor.can_manage:
+        raise PermissionDenied("Not found: MCP servers are managed by organization owners and admins")
+
+
+def _validated_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput(f"server_url must be an http:// or https:// URL, got '{url}'")
+    return url
+
+
+@dataclass
+class SyncSummary:
+    """What a sync of a server's tools changed (Letta's refresh summary, plus what was skipped)."""
+
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    added_tools: list[Tool] = field(default_factory=list)
+    error: str | None = None
+
+
+def mcp_server_create(
+    *,
+    actor: Actor,
+    server_name: str,
+    server_type: str,
+    command: str = "",
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    server_url: str = "",
+    auth_header: str = "",
+    auth_token: str = "",
+    custom_headers: dict[str, str] | None = None,
+    register_tools: bool = True,
+) -> tuple[MCPServer, SyncSummary | None]:
+    """Store a server, then (Letta's behaviour) register every tool it lists as an external_mcp Tool.
+
+    The registration is optimistic: a server that is down is still created, the summary says why.
+    Owners and admins only. Raises InvalidInput, Conflict (the name is taken), PermissionDenied.
+    """
+    _require_manager(actor)
+    server = MCPServer(organization_id=actor.organization_id, server_name=server_name.strip())
+    _apply_config(
+        server,
+        server_type=server_type,
+        command=command,
+        args=args or [],
+        env=env,
+        server_url=server_url,
+        auth_header=auth_header,
+        auth_token=auth_token,
+        custom_headers=custom_headers,
+    )
+    if server.server_type == MCPServer.Type.STDIO:
+        _check_stdio_allowed(actor.organization_id)
+    try:
+        with transaction.atomic():
+            server.save()
+    except IntegrityError as exc:
+        raise Conflict(f"MCP server with name '{server.server_name}' already exists") from exc
+    if not register_tools:
+        return server, None
+    return server, mcp_server_sync_tools(actor=actor, server=server, prune=False, raise_errors=False)
+
+
+_CONFIG_FIELDS = ("command", "args", "env", "server_url", "auth_header", "auth_token", "custom_headers")
+
+
+def _apply_config(server: MCPServer, *, server_type: str, **fields: Any) -> None:
+    """Set the connection fields; fields of the other transport are cleared. Raises InvalidInput."""
+    if server_type not in MCPServer.Type.values:
+        raise InvalidInput(f"mcp_server_type must be one of {', '.join(MCPServer.Type.values)}")
+    if not server.server_name:
+        raise InvalidInput("server_name must not be empty")
+    server.server_type = server_type
+    if server_type == MCPServer.Type.STDIO:
+        command = (fields.get("command") or "").strip()
+        if not command:
+            raise InvalidInput("A stdio MCP server needs a command")
+        server.command, server.args, server.env = command, list(fields.get("args") or []), fields.get("env")
+        server.server_url, server.auth_header, server.auth_token, server.custom_headers = "", "", "", None
+    else:
+        server.server_url = _validated_url((fields.get("server_url") or "").strip())
+        server.auth_header = (fields.get("auth_header") or "").strip()
+        server.auth_token = fields.get("auth_token") or ""
+        server.custom_headers = fields.get("custom_headers")
+        server.command, server.args, server.env = "", [], None
+
+
+_UNSET: Any = object()
+
+
+@transaction.atomic
+def mcp_server_update(*, actor: Actor, server_id: str, server_name: str = _UNSET, **config: Any) -> MCPServer:
+    """Change a server's name and/or connection (keys of `config` as in mcp_server_create, plus
+    `server_type`; a field not given keeps its value, a given None clears it). A rename is carried into
+    its tools' metadata and tags. Owners and admins only. Raises NotFound, InvalidInput, Conflict."""
+    _require_manager(actor)
+    unknown = set(config) - {*_CONFIG_FIELDS, "server_type"}
+    if unknown:
+        raise InvalidInput(f"unknown MCP server fields: {', '.join(sorted(unknown))}")
+    server = MCPServer.objects.for_actor(actor).select_for_update().filter(id=server_id).first()
+    if server is None:
+        raise NotFound(f"MCP server with id '{server_id}' not found")
+    old_name = server.server_name
+    if server_name is not _UNSET and server_name is not None:
+        server.server_name = server_name.strip()
+    if config:
+        server_type = config.pop("server_type", None) or server.server_type
+        current: dict[str, Any] = {
+            "command": server.command,
+            "args": server.args,
+            "env": server.env,
+            "server_url": server.server_url,
+            "auth_header": server.auth_header,
+            "auth_token": server.auth_token,
+            "custom_headers": server.custom_headers,
+        }
+        _apply_config(server, server_type=server_type, **(current | config))
+    elif not server.server_name:
+        raise InvalidInput("server_name must not be empty")
+    if server.server_type == MCPServer.Type.STDIO:
+        _check_stdio_allowed(actor.organization_id)
+    try:
+        with transaction.atomic():
+            server.save()
+    except IntegrityError as exc:
+        raise Conflict(f"MCP server with name '{server.server_name}' already exists") from exc
+    if server.server_name != old_name:
+        for tool in mcp_server_tools(actor=actor, server=server):
+            _stamp(tool, server, mcp_metadata(tool).get("tool_name", tool.name))
+            tool.save(update_fields=["metadata", "tags", "updated_at"])
+    return server
+
+
+@transaction.atomic
+def mcp_server_delete(*, actor: Actor, server_id: str) -> None:
+    """Delete a server and the tools registered from it (they leave every agent). Owners and admins
+    only. Raises NotFound."""
+    _require_manager(actor)
+    server = mcp_server_get(actor=actor, server_id=server_id)
+    mcp_server_tools(actor=actor, server=server).delete()
+    server.delete()
+
+
+def mcp_server_sync_tools(
+    *, actor: Actor, server: MCPServer, prune: bool = True, raise_errors: bool = True
+) -> SyncSummary:
+    """Fetch the server's tools and make the Tool rows match: add new ones, update changed schemas and,
+    with `prune`, delete tools the server no longer lists (Letta's refresh). Tools whose name is taken
+    by another tool, or that cannot be a function, are skipped and said so.
+
+    The network call happens before any transaction. Owners and admins only. Raises McpServerError
+    (unless `raise_errors` is False: the summary's `error` says it), InvalidInput, PermissionDenied.
+    """
+    _require_manager(actor)
+    try:
+        remote = fetch_tools(mcp_target(server=server))
+    except (McpServerError, InvalidInput) as exc:
+        if raise_errors:
+            raise
+        logger.warning(
+            "mcp.sync_failed",
+            extra={
+                "mcp_server_id": server.id,
+                "error": exc.message,
+                "stderr": getattr(exc, "stderr_tail", ""),
+            },
+        )
+        return SyncSummary(error=exc.message)
+    summary = SyncSummary()
+    with transaction.atomic():
+        for spec in remote:
+            problems = _problems(spec)
+            if problems:
+                summary.skipped.append({"name": spec.name, "reason": "; ".join(problems)})
+                continue
+            try:
+                tool, change = _register(actor=actor, server=server, spec=spec)
+            except McpToolNameConflict as exc:
+                summary.skipped.append({"name": spec.name, "reason": exc.message})
+                continue
+            getattr(summary, change).append(tool.name)
+            if change == "added":
+                summary.added_tools.append(tool)
+        if prune:
+            listed = {spec.name for spec in remote}
+            for tool in mcp_server_tools(actor=actor, server=server):
+                if mcp_metadata(tool).get("tool_name", tool.name) not in listed:
+                    summary.deleted.append(tool.name)
+                    tool.delete()
+    return summary
+
+
+def mcp_tool_register(*, actor: Actor, server: MCPServer, tool_name: str) -> Tool:
+    """Register one of the server's tools (listed live) as an external_mcp Tool, or refresh it.
+    Owners and admins only. Raises NotFound (no such tool on the server), InvalidInput (it cannot be a
+    function), McpToolNameConflict (another tool has the name), McpServerError."""
+    _require_manager(actor)
+    spec = next((s for s in fetch_tools(mcp_target(server=server)) if s.name == tool_name), None)
+    if spec is None:
+        raise NotFound(f"MCP server '{server.server_name}' has no tool '{tool_name}'")
+    problems = _problems(spec)
+    if problems:
+        raise InvalidInput(f"MCP tool '{tool_name}' cannot be registered: {'; '.join(problems)}")
+    with transaction.atomic():
+        tool, _ = _register(actor=actor, server=server, spec=spec)
+    return tool
+
+
+def mcp_tool_schema(spec: McpToolSpec) -> dict[str, Any]:
+    """Letta's json_schema for an MCP tool: the name, the description, the input schema as parameters."""
+    parameters = {key: value for key, value in spec.input_schema.items() if key != "title"}
+    parameters.setdefault("type", "object")
+    parameters.setdefault("properties", {})
+    return {"name": spec.name, "description": spec.description, "parameters": parameters}
+
+
+def _stamp(tool: Tool, server: MCPServer, tool_name: str) -> None:
+    meta: McpToolMetadata = {
+        "server_id": server.id,
+        "server_name": server.server_name,
+        "tool_name": tool_name,
+    }
+    tool.metadata = {**tool.metadata, "mcp": meta}
+    tool.tags = [*[t for t in tool.tags if not t.startswith("mcp:")], f"mcp:{server.server_name}"]
+
+
+def _register(*, actor: Actor, server: MCPServer, spec: McpToolSpec) -> tuple[Tool, str]:
+    """Create or update the Tool for `spec`; returns it and "added", "updated" or "unchanged".
+    Call inside a transaction. Raises McpToolNameConflict."""
+    tools = Tool.objects.for_actor(actor)
+    schema = mcp_tool_schema(spec)
+    existing = tools.select_for_update().filter(name=spec.name).first()
+    if existing is None:
+        tool = Tool(
+            organization_id=actor.organization_id,
+            name=spec.name,
+            tool_type=Tool.Type.EXTERNAL_MCP,
+            description=spec.description,
+            json_schema=schema,
+            created_by_id=actor.user_id,
+            last_updated_by_id=actor.user_id,
+        )
+        _stamp(tool, server, spec.name)
+        try:
+            with transaction.atomic():
+                tool.save()
+        except IntegrityError:  # registered concurrently under the same name: treat it as existing
+            existing = tools.select_for_update().get(name=spec.name)
+        else:
+            return tool, "added"
+    if existing.tool_type != Tool.Type.EXTERNAL_MCP or mcp_metadata(existing).get("server_id") != server.id:
+        raise McpToolNameConflict(
+            f"A tool named '{spec.name}' already exists in this organization and does not come from "
+            f"MCP server '{server.server_name}'"
+        )
+    before = (existing.description, existing.json_schema, existing.metadata, existing.tags)
+    existing.description, existing.json_schema = spec.description, schema
+    _stamp(existing, server, spec.name)
+    if (existing.description, existing.json_schema, existing.metadata, existing.tags) == before:
+        return existing, "unchanged"
+    existing.last_updated_by_id = actor.user_id
+    existing.save()
+    return existing, "updated"
+
+
+# --- execution: the agent loop and the run endpoint ------------------------------------------------------
+
+
+def mcp_tool_execute(*, server: MCPServer, tool_name: str, arguments: dict[str, Any]) -> ToolResult:
+    """Call `tool_name` on `server`. Never raises: a down or slow server, a refused stdio server and an
+    MCP error result all become error results (sandbox "mcp") the model can read."""
+    try:
+        output = invoke_tool(mcp_target(server=server), tool_name, arguments)
+    except (McpServerError, InvalidInput) as exc:
+        logger.warning(
+            "mcp.call_failed",
+            extra={
+                "mcp_server_id": server.id,
+                "tool": tool_name,
+                "error": exc.message,
+                "stderr": getattr(exc, "stderr_tail", ""),
+            },
+        )
+        return ToolResult.error(
+            f"Error calling MCP tool '{tool_name}' on server '{server.server_name}': {exc.message}",
+            sandbox="mcp",
+        )
+    if output.is_error:
+        return ToolResult.error(output.text or f"MCP tool '{tool_name}' failed", sandbox="mcp")
+    return ToolResult.ok(output.text, sandbox="mcp")
+
+
+def mcp_tool_run(*, actor: Actor, server: MCPServer, tool: Tool, arguments: dict[str, Any]) -> ToolResult:
+    """Run a registered tool outside an agent (the API's run endpoint). Owners and admins only."""
+    _require_manager(actor)
+    meta = mcp_metadata(tool)
+    return mcp_tool_execute(server=server, tool_name=meta.get("tool_name", tool.name), arguments=arguments)
+
+
+def run_mcp_tool(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """The agent loop's entry point for an external_mcp tool: find its server in the agent's
+    organisation and call it. Never raises."""
+    meta = mcp_metadata(tool)
+    servers = MCPServer.objects.for_actor(ctx.actor)
+    server_id, server_name = meta.get("server_id"), meta.get("server_name")
+    server = (
+        servers.filter(id=server_id).first()
+        if server_id
+        else servers.filter(server_name=server_name).first()
+        if server_name
+        else None
+    )
+    if server is None:
+        return ToolResult.error(
+            f"Tool '{tool.name}' belongs to an MCP server that no longer exists in this organization.",
+            sandbox="mcp",
+        )
+    return mcp_tool_execute(server=server, tool_name=meta.get("tool_name", tool.name), arguments=arguments)

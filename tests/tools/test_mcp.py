@@ -1,0 +1,506 @@
+"""MCP servers with the official SDK against a real MCP server process (tests/support/mcp_server.py):
+listing and calling over stdio, SSE and Streamable HTTP, failures, encryption at rest, tool registration,
+and an MCP tool called by the real agent loop."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from apps.accounts.models import Organization
+from apps.core.actor import Actor, Role
+from apps.core.errors import InvalidInput, PermissionDenied
+from apps.tools.execution import ToolContext
+from apps.tools.mcp import (
+    McpServerError,
+    McpTarget,
+    McpToolSpec,
+    fetch_tools,
+    invoke_tool,
+    mcp_server_create,
+    mcp_server_delete,
+    mcp_server_sync_tools,
+    mcp_server_tools,
+    mcp_server_update,
+    mcp_tool_register,
+    mcp_tool_schema,
+    run_mcp_tool,
+)
+from apps.tools.models import MCPServer, Tool
+from tests.agents.conftest import make_agent, send  # noqa: F401 (fixtures for the loop tests)
+from tests.factories import ToolFactory
+from tests.support.mcp_server import SCRIPT, McpHttpServer, free_port
+from tests.support.scripted_llm import text, tool_call, tool_calls
+
+STDIO = McpTarget(server_type="stdio", command=sys.executable, args=(SCRIPT,))
+SERVER_TOOLS = ["add", "fail", "env_value", "auth_seen", "nap", "dotted.name"]
+REGISTRABLE = ["add", "auth_seen", "env_value", "fail", "nap"]
+
+
+def stdio_server(actor: Actor, **fields: object) -> MCPServer:
+    fields.setdefault("register_tools", False)
+    server, _ = mcp_server_create(
+        actor=actor,
+        server_name=str(fields.pop("server_name", "local")),
+        server_type="stdio",
+        command=sys.executable,
+        args=[SCRIPT],
+        **fields,  # type: ignore[arg-type]
+    )
+    return server
+
+
+# --- the client over stdio --------------------------------------------------------------------------------
+
+
+def test_list_tools_over_stdio():
+    tools = fetch_tools(STDIO, timeout=20)
+
+    assert [t.name for t in tools] == SERVER_TOOLS
+    add = tools[0]
+    assert add.description == "Add two integers."
+    assert add.input_schema["properties"] == {
+        "a": {"title": "A", "type": "integer"},
+        "b": {"title": "B", "type": "integer"},
+    }
+    assert add.input_schema["required"] == ["a", "b"]
+
+
+def test_calling_add_returns_the_text_of_its_content():
+    output = invoke_tool(STDIO, "add", {"a": 2, "b": 3}, timeout=20)
+
+    assert (output.is_error, output.text) == (False, "5")
+
+
+def test_a_tool_that_raises_is_an_error_result_not_an_exception():
+    output = invoke_tool(STDIO, "fail", {}, timeout=20)
+
+    assert (output.is_error, output.text) == (True, "Error executing tool fail: this tool always fails")
+
+
+def test_an_unknown_tool_is_an_error_result():
+    output = invoke_tool(STDIO, "nope", {}, timeout=20)
+
+    assert (output.is_error, output.text) == (True, "Unknown tool: nope")
+
+
+def test_a_missing_command_fails_fast():
+    target = McpTarget(server_type="stdio", command="/nonexistent/mcp-server")
+    started = time.monotonic()
+
+    with pytest.raises(McpServerError) as caught:
+        invoke_tool(target, "add", {"a": 1, "b": 2}, timeout=20)
+
+    assert time.monotonic() - started < 2
+    assert caught.value.message == (
+        "cannot start the MCP server command '/nonexistent/mcp-server': No such file or directory"
+    )
+
+
+def test_a_server_that_dies_fails_fast_and_keeps_its_stderr():
+    target = McpTarget(
+        server_type="stdio",
+        command=sys.executable,
+        args=("-c", "import sys; print('config missing', file=sys.stderr); sys.exit(3)"),
+    )
+    started = time.monotonic()
+
+    with pytest.raises(McpServerError) as caught:
+        fetch_tools(target, timeout=20)
+
+    assert time.monotonic() - started < 5
+    assert caught.value.message == f"the MCP server ({sys.executable}) failed: Connection closed"
+    assert caught.value.stderr_tail == "config missing"
+
+
+def test_a_slow_tool_times_out():
+    started = time.monotonic()
+
+    with pytest.raises(McpServerError) as caught:
+        invoke_tool(STDIO, "nap", {"seconds": 30}, timeout=2)
+
+    assert time.monotonic() - started < 10  # the timeout, plus the SDK stopping the process
+    assert caught.value.message == f"the MCP server ({sys.executable}) did not answer within 2 s"
+
+
+def test_the_server_gets_its_env_and_none_of_ours(monkeypatch):
+    monkeypatch.setenv("HOST_ONLY_SECRET", "do-not-leak")
+    target = McpTarget(server_type="stdio", command=sys.executable, args=(SCRIPT,), env={"API_KEY": "k-123"})
+
+    given = invoke_tool(target, "env_value", {"name": "API_KEY"}, timeout=20)
+    ours = invoke_tool(target, "env_value", {"name": "HOST_ONLY_SECRET"}, timeout=20)
+
+    assert (given.text, ours.text) == ("k-123", "<unset>")
+
+
+# --- the client over HTTP -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["streamable-http", "sse"])
+def test_list_and_call_over_http_with_auth_and_custom_headers(transport):
+    with McpHttpServer(transport) as http:
+        target = McpTarget(
+            server_type="sse" if transport == "sse" else "streamable_http",
+            url=http.url,
+            headers={"Authorization": "Bearer tok-1", "X-Team": "blue"},
+        )
+
+        names = [t.name for t in fetch_tools(target, timeout=20)]
+        added = invoke_tool(target, "add", {"a": 2, "b": 3}, timeout=20)
+        seen = invoke_tool(target, "auth_seen", {}, timeout=20)
+
+    assert names == SERVER_TOOLS
+    assert added.text == "5"
+    assert seen.text == "Bearer tok-1 | blue"
+
+
+def test_an_http_server_that_is_down_fails_fast_and_the_message_hides_the_path():
+    port = free_port()
+    target = McpTarget(server_type="streamable_http", url=f"http://127.0.0.1:{port}/s/secret-token/mcp")
+    started = time.monotonic()
+
+    with pytest.raises(McpServerError) as caught:
+        fetch_tools(target, timeout=20)
+
+    assert time.monotonic() - started < 5
+    assert caught.value.message == (
+        f"cannot reach the MCP server (http://127.0.0.1:{port}): ConnectError: All connection attempts failed"
+    )
+
+
+# --- rows: encryption at rest, policy, registration ------------------------------------------------------
+
+
+def test_env_auth_token_and_header_values_are_encrypted_at_rest(actor):
+    stdio = stdio_server(actor, env={"API_KEY": "env-secret-value"})
+    http, _ = mcp_server_create(
+        actor=actor,
+        server_name="remote",
+        server_type="streamable_http",
+        server_url="https://mcp.example.com/mcp",
+        auth_header="Authorization",
+        auth_token="token-secret-value",
+        custom_headers={"X-Api-Key": "header-secret-value"},
+        register_tools=False,
+    )
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT env_json, auth_token, custom_headers_json FROM tools_mcpserver WHERE id IN (%s, %s)",
+            [stdio.id, http.id],
+        )
+        stored = " ".join(value for row in cursor.fetchall() for value in row)
+
+    for secret in ("env-secret-value", "token-secret-value", "header-secret-value", "API_KEY", "X-Api-Key"):
+        assert secret not in stored
+    assert MCPServer.objects.for_actor(actor).get(id=stdio.id).env == {"API_KEY": "env-secret-value"}
+    reread = MCPServer.objects.for_actor(actor).get(id=http.id)
+    assert (reread.auth_token, reread.custom_headers) == (
+        "token-secret-value",
+        {"X-Api-Key": "header-secret-value"},
+    )
+
+
+def test_creating_a_server_registers_its_tools_as_external_mcp_tools(actor):
+    server, summary = mcp_server_create(
+        actor=actor, server_name="local", server_type="stdio", command=sys.executable, args=[SCRIPT]
+    )
+
+    tools = {t.name: t for t in mcp_server_tools(actor=actor, server=server)}
+    assert sorted(tools) == REGISTRABLE
+    assert summary is not None
+    assert summary.added == ["add", "fail", "env_value", "auth_seen", "nap"]
+    assert summary.skipped == [
+        {
+            "name": "dotted.name",
+            "reason": "the name is not a valid function name (letters, digits, '_' and '-'; at most 64)",
+        }
+    ]
+    add = tools["add"]
+    assert add.tool_type == Tool.Type.EXTERNAL_MCP
+    assert add.json_schema == {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"title": "A", "type": "integer"}, "b": {"title": "B", "type": "integer"}},
+            "required": ["a", "b"],
+        },
+    }
+    assert add.metadata == {"mcp": {"server_id": server.id, "server_name": "local", "tool_name": "add"}}
+    assert add.tags == ["mcp:local"]
+
+
+def test_a_server_that_is_down_is_still_created_without_tools(actor):
+    server, summary = mcp_server_create(
+        actor=actor, server_name="broken", server_type="stdio", command="/nonexistent/mcp-server"
+    )
+
+    assert MCPServer.objects.for_actor(actor).filter(id=server.id).exists()
+    assert mcp_server_tools(actor=actor, server=server).count() == 0
+    assert summary is not None
+    assert (
+        summary.error
+        == "cannot start the MCP server command '/nonexistent/mcp-server': No such file or directory"
+    )
+
+
+def test_a_tool_name_taken_by_another_tool_is_skipped_and_left_alone(actor):
+    custom = ToolFactory(organization_id=actor.organization_id, name="add", description="mine")
+
+    _, summary = mcp_server_create(
+        actor=actor, server_name="local", server_type="stdio", command=sys.executable, args=[SCRIPT]
+    )
+
+    assert summary is not None
+    assert {
+        "name": "add",
+        "reason": "A tool named 'add' already exists in this organization and does not "
+        "come from MCP server 'local'",
+    } in summary.skipped
+    custom.refresh_from_db()
+    assert (custom.tool_type, custom.description) == (Tool.Type.CUSTOM, "mine")
+
+
+def test_refresh_updates_changed_tools_and_deletes_tools_the_server_dropped(actor):
+    server = stdio_server(actor)
+    mcp_tool_register(actor=actor, server=server, tool_name="add")
+    gone = Tool.objects.for_actor(actor).create(
+        name="retired",
+        tool_type=Tool.Type.EXTERNAL_MCP,
+        json_schema=mcp_tool_schema(McpToolSpec("retired", "", {"type": "object"})),
+        metadata={"mcp": {"server_id": server.id, "server_name": "local", "tool_name": "retired"}},
+    )
+    Tool.objects.for_actor(actor).filter(name="add").update(description="stale")
+
+    summary = mcp_server_sync_tools(actor=actor, server=server)
+
+    assert (summary.updated, summary.deleted) == (["add"], ["retired"])
+    assert summary.added == ["fail", "env_value", "auth_seen", "nap"]
+    assert not Tool.objects.for_actor(actor).filter(id=gone.id).exists()
+    assert Tool.objects.for_actor(actor).get(name="add").description == "Add two integers."
+
+
+def test_registering_one_chosen_tool(actor):
+    server = stdio_server(actor)
+
+    tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
+
+    assert [t.name for t in mcp_server_tools(actor=actor, server=server)] == ["add"]
+    assert tool.json_schema["parameters"]["required"] == ["a", "b"]
+
+
+def test_renaming_a_server_follows_into_its_tools(actor):
+    server = stdio_server(actor)
+    mcp_tool_register(actor=actor, server=server, tool_name="add")
+
+    mcp_server_update(actor=actor, server_id=server.id, server_name="renamed")
+
+    tool = Tool.objects.for_actor(actor).get(name="add")
+    assert tool.metadata["mcp"] == {"server_id": server.id, "server_name": "renamed", "tool_name": "add"}
+    assert tool.tags == ["mcp:renamed"]
+
+
+def test_deleting_a_server_deletes_its_tools_only(actor):
+    server = stdio_server(actor)
+    mcp_tool_register(actor=actor, server=server, tool_name="add")
+    other = ToolFactory(organization_id=actor.organization_id, name="mine")
+
+    mcp_server_delete(actor=actor, server_id=server.id)
+
+    assert list(Tool.objects.for_actor(actor).values_list("id", flat=True)) == [other.id]
+
+
+def test_members_cannot_create_servers(org, make_user):
+    member = Actor(organization_id=org.id, user_id=make_user(org).id, role=Role.MEMBER)
+
+    with pytest.raises(PermissionDenied):
+        stdio_server(member)
+
+    assert MCPServer.objects.for_org(org.id).count() == 0
+
+
+def test_an_organisation_without_the_local_sandbox_cannot_use_stdio_servers(actor, org):
+    server = stdio_server(actor)
+    Organization.objects.filter(id=org.id).update(allow_local_sandbox=False)
+    tool = Tool.objects.for_actor(actor).create(
+        name="add",
+        tool_type=Tool.Type.EXTERNAL_MCP,
+        metadata={"mcp": {"server_id": server.id, "server_name": "local", "tool_name": "add"}},
+    )
+
+    result = run_mcp_tool(tool, {"a": 2, "b": 3}, ToolContext(actor=actor, agent_id="agent-x"))
+
+    with pytest.raises(InvalidInput):
+        stdio_server(actor, server_name="another")
+    assert result.status == "error"
+    assert result.return_value.startswith(
+        "Error calling MCP tool 'add' on server 'local': This organization does not allow stdio MCP servers"
+    )
+
+
+def test_a_tool_whose_server_was_deleted_gives_an_error_result(actor):
+    tool = Tool.objects.for_actor(actor).create(
+        name="add",
+        tool_type=Tool.Type.EXTERNAL_MCP,
+        metadata={"mcp": {"server_id": "mcp_server-gone", "server_name": "gone", "tool_name": "add"}},
+    )
+
+    result = run_mcp_tool(tool, {}, ToolContext(actor=actor, agent_id="agent-x"))
+
+    assert (result.status, result.sandbox) == ("error", "mcp")
+    assert (
+        result.return_value
+        == "Tool 'add' belongs to an MCP server that no longer exists in this organization."
+    )
+
+
+def test_another_organisations_server_is_not_used(actor, other_org_actor):
+    server = stdio_server(other_org_actor)
+    tool = Tool.objects.for_actor(actor).create(
+        name="add",
+        tool_type=Tool.Type.EXTERNAL_MCP,
+        metadata={"mcp": {"server_id": server.id, "server_name": "local", "tool_name": "add"}},
+    )
+
+    result = run_mcp_tool(tool, {"a": 2, "b": 3}, ToolContext(actor=actor, agent_id="agent-x"))
+
+    assert result.status == "error"
+
+
+# --- through the real agent loop ----------------------------------------------------------------------------
+
+
+def test_the_agent_calls_an_mcp_tool_and_reads_its_return(actor, make_agent, send, llm):  # noqa: F811
+    server = stdio_server(actor)
+    tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
+    agent = make_agent(tool_ids=[tool.id])
+    llm.push(tool_calls(tool_call("add", {"a": 2, "b": 3}, id="call_1")), text("2 + 3 = 5"))
+
+    result = send(agent, "what is 2 + 3?")
+
+    assert result.stop_reason == "end_turn"
+    tool_return = next(m for m in result.messages if m.role == "tool").tool_returns[0]
+    assert (tool_return["status"], tool_return["tool_return"], tool_return["sandbox"]) == (
+        "success",
+        "5",
+        "mcp",
+    )
+    assert any(t["function"]["name"] == "add" for t in llm.chat_requests()[0]["tools"])
+
+
+def test_an_mcp_error_result_reaches_the_model_as_an_error(actor, make_agent, send, llm):  # noqa: F811
+    server = stdio_server(actor)
+    tool = mcp_tool_register(actor=actor, server=server, tool_name="fail")
+    agent = make_agent(tool_ids=[tool.id])
+    llm.push(tool_calls(tool_call("fail", {}, id="call_1")), text("It failed."))
+
+    result = send(agent, "try it")
+
+    tool_return = next(m for m in result.messages if m.role == "tool").tool_returns[0]
+    assert (tool_return["status"], tool_return["tool_return"], tool_return["sandbox"]) == (
+        "error",
+        "Error executing tool fail: this tool always fails",
+        "mcp",
+    )
+    assert result.stop_reason == "end_turn"
+
+
+def test_a_dead_server_gives_the_model_an_error_and_the_run_completes(actor, make_agent, send, llm):  # noqa: F811
+    server = stdio_server(actor)
+    tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
+    MCPServer.objects.for_actor(actor).filter(id=server.id).update(command="/nonexistent/mcp-server")
+    agent = make_agent(tool_ids=[tool.id])
+    llm.push(tool_calls(tool_call("add", {"a": 2, "b": 3}, id="call_1")), text("The tool is down."))
+
+    result = send(agent, "what is 2 + 3?")
+
+    tool_return = next(m for m in result.messages if m.role == "tool").tool_returns[0]
+    assert tool_return["status"] == "error"
+    assert tool_return["tool_return"] == (
+        "Error calling MCP tool 'add' on server 'local': "
+        "cannot start the MCP server command '/nonexistent/mcp-server': No such file or directory"
+    )
+    assert result.stop_reason == "end_turn"
+    assert result.run.status == "completed"
+
+
+# --- the admin ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_client(client, user):  # type: ignore[no-untyped-def]
+    user.is_staff = user.is_superuser = True
+    user.save()
+    client.force_login(user)
+    return client
+
+
+def test_the_admin_shows_which_secrets_are_set_but_never_their_values(actor, admin_client):
+    stdio = stdio_server(actor, env={"API_KEY": "env-secret-value"})
+    http, _ = mcp_server_create(
+        actor=actor,
+        server_name="remote",
+        server_type="sse",
+        server_url="https://mcp.example.com/sse",
+        auth_token="token-secret-value",
+        custom_headers={"X-Team": "header-secret-value"},
+        register_tools=False,
+    )
+
+    listing = admin_client.get(reverse("admin:tools_mcpserver_changelist"))
+    pages = [admin_client.get(reverse("admin:tools_mcpserver_change", args=[s.id])) for s in (stdio, http)]
+
+    html = "".join(page.content.decode() for page in pages)
+    assert [listing.status_code, *(page.status_code for page in pages)] == [200, 200, 200]
+    assert "API_KEY" in html
+    assert "X-Team" in html
+    for secret in ("env-secret-value", "token-secret-value", "header-secret-value"):
+        assert secret not in html
+
+
+def test_saving_in_the_admin_with_the_secret_fields_empty_keeps_them(actor, org, admin_client):
+    server = stdio_server(actor, env={"API_KEY": "env-secret-value"})
+    form = {
+        "organization": org.id,
+        "server_name": "renamed",
+        "server_type": "stdio",
+        "server_url": "",
+        "command": sys.executable,
+        "args": f'["{SCRIPT}"]',
+        "env_json": "",
+        "auth_header": "",
+        "auth_token": "",
+        "custom_headers_json": "",
+    }
+
+    response = admin_client.post(reverse("admin:tools_mcpserver_change", args=[server.id]), form)
+
+    assert response.status_code == 302
+    server.refresh_from_db()
+    assert (server.server_name, server.env) == ("renamed", {"API_KEY": "env-secret-value"})
+
+
+def test_the_admin_refuses_env_that_is_not_a_json_object_of_strings(org, admin_client):
+    form = {
+        "organization": org.id,
+        "server_name": "local",
+        "server_type": "stdio",
+        "server_url": "",
+        "command": "python",
+        "args": "[]",
+        "env_json": '{"PORT": 8080}',
+        "auth_header": "",
+        "auth_token": "",
+        "custom_headers_json": "",
+    }
+
+    response = admin_client.post(reverse("admin:tools_mcpserver_add"), form)
+
+    assert response.status_code == 200
+    assert "must be a JSON object of strings" in response.content.decode()
+    assert MCPServer.objects.for_org(org.id).count() == 0
