@@ -9,7 +9,7 @@ from apps.agents.models import Message, Run
 from apps.agents.recovery import WORKER_LOST, fail_orphaned_runs
 from apps.agents.services import MessageIn, run_collect, run_create, run_submit
 from apps.agents.tasks import execute_run_task
-from tests.support.scripted_llm import text
+from tests.support.scripted_llm import text, tool_call, tool_calls
 from tests.support.workers import WorkerProcess, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,3 +84,37 @@ def test_a_worker_killed_mid_run_leaves_a_failed_run_and_the_agent_usable(
     assert remembered.id in agent.message_ids  # the user's message is still in the conversation
     assert collected.run.status == Run.Status.COMPLETED
     assert collected.messages[-1]["content"] == "I am here"
+
+
+def test_a_pending_approval_survives_a_worker_restart_and_approving_resumes_the_run(
+    make_agent, actor, llm, scripted_server, tmp_path, celery_worker
+):
+    from tests.agents.test_loop import custom_tool
+
+    first = WorkerProcess("first", worker_env(scripted_server.url), tmp_path, queues="restart").wait_ready()
+    tool = custom_tool(actor_org(actor), name="cleanup", default_requires_approval=True)
+    agent = make_agent(tool_ids=[tool.id])
+    llm.push(tool_calls(tool_call("cleanup", {"word": "disk"}, id="call_rm")))
+    run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="clean up")])
+    execute_run_task.apply_async(args=[run.id], queue="restart")
+    paused = run_collect(actor=actor, run_id=run.id, timeout_s=30)
+    first.stop()  # the whole worker tier restarts; the default-queue worker takes the approval
+
+    llm.push(text("Cleaned."))
+    resumed = run_create(
+        actor=actor,
+        agent_id=agent.id,
+        approvals=[{"type": "approval", "tool_call_id": "call_rm", "approve": True}],
+    )
+    run_submit(resumed)
+    collected = run_collect(actor=actor, run_id=resumed.id, timeout_s=30)
+
+    assert paused.stop_reason == {"message_type": "stop_reason", "stop_reason": "requires_approval"}
+    assert [m["message_type"] for m in collected.messages] == ["tool_return_message", "assistant_message"]
+    assert collected.messages[0]["tool_return"] == "DISK"
+
+
+def actor_org(actor):
+    from apps.accounts.models import Organization
+
+    return Organization.objects.get(id=actor.organization_id)
