@@ -202,3 +202,7 @@ SANDBOX_DOCKER_PING_TTL = env.float("SANDBOX_DOCKER_PING_TTL", default=30.0)
 SANDBOX_WHEELHOUSE = env.str("SANDBOX_WHEELHOUSE", default="")
 SANDBOX_PIP_NO_INDEX = env.bool("SANDBOX_PIP_NO_INDEX", default=False)
 # End of Sandbox -----------------------------------------------------------------------------------
+
+# MCP ----------------------------------------------------------------------------------------------------
+MCP_LIST_TOOLS_TIMEOUT = env.float("MCP_LIST_TOOLS_TIMEOUT", default=30.0)
+MCP_CALL_TOOL_TIMEOUT = env.float("MCP_CALL_TOOL_TIMEOUT", default=60.0)
