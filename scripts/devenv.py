@@ -156,6 +156,20 @@ def run_platform() -> int:
     return exit_code
 
 
+def run_bench(args: list[str]) -> int:
+    """bench/run.py starts and stops its own subprocesses. SIGTERM or Ctrl-C here is passed on to it, and
+    we wait for it to clean up before the embedded services stop (when this function returns)."""
+    child = subprocess.Popen([PYTHON, str(ROOT / "bench" / "run.py"), *args], cwd=ROOT)
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return child.wait()
+
+
 def run_tests(pytest_args: list[str]) -> int:
     return subprocess.run([PYTHON, "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 
@@ -180,7 +194,7 @@ def main(argv: list[str]) -> int:
             return run_tests(rest)
         if command == "bench":
             manage("migrate", "--noinput", "--verbosity", "0")
-            return subprocess.run([PYTHON, str(ROOT / "bench" / "run.py"), *rest], cwd=ROOT).returncode
+            return run_bench(rest)
         if command == "shell":
             return subprocess.run([os.environ.get("SHELL", "/bin/bash")], cwd=ROOT).returncode
         if command == "manage":
