@@ -123,7 +123,14 @@ def run_platform() -> int:
             str(data_dir() / "celerybeat-schedule"),
         ],
     }
-    children = {name: subprocess.Popen(cmd, cwd=ROOT) for name, cmd in commands.items()}
+    # Under ASGI every request runs in a thread of its own, so a persistent connection is never reused
+    # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process closes
+    # its connections after each request; workers keep theirs.
+    web_env = {**os.environ, "DATABASE_CONN_MAX_AGE": os.environ.get("WEB_DATABASE_CONN_MAX_AGE", "0")}
+    children = {
+        name: subprocess.Popen(cmd, cwd=ROOT, env=web_env if name == "web" else None)
+        for name, cmd in commands.items()
+    }
     print(
         f"platform on http://{os.environ.get('HOST', '127.0.0.1')}:{port} (admin at /admin/); Ctrl-C stops it",
         flush=True,
