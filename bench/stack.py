@@ -2,8 +2,7 @@
 
 Every child runs in its own process group and gets SIGTERM if the benchmark process dies
 (PR_SET_PDEATHSIG); `Platform.stop()` (also called on exit, on SIGTERM and on errors) stops each group,
-then kills what is left after a grace period. Logs go to DATA_DIR-independent files under
-bench/results/logs/.
+then kills what is left after a grace period. Logs go to bench/results/logs/.
 """
 
 from __future__ import annotations
@@ -36,10 +35,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here, not after fork
+except OSError:
+    _LIBC = None
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the benchmark process goes away."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child, before exec: get SIGTERM when the benchmark process goes away (one syscall; no
+    import or library loading happens between fork and exec)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _service_pids() -> dict[str, int]:
