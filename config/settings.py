@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "apps.streams",
     "apps.api",
     "apps.ade",
+    "django_ace",  # ships the Ace editor (static files) used by the ADE's tool editor
 ]
 
 MIDDLEWARE = [
@@ -72,6 +73,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.ade.context_processors.ade",
             ]
         },
     }
@@ -92,7 +94,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "ade:login"
+LOGIN_REDIRECT_URL = "ade:home"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -102,6 +105,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "var" / "static")
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Serve static files straight from the apps (no collectstatic): tests and development servers.
+WHITENOISE_USE_FINDERS = env.bool("WHITENOISE_USE_FINDERS", default=DEBUG)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

@@ -4,6 +4,9 @@ from apps.accounts.models import ApiKey, Membership, Organization, User
 from apps.core.actor import Actor, Role
 from apps.core.errors import NotFound
 
+# The session key holding the organisation a signed-in user acts for (the ADE and the session-authenticated API).
+SESSION_ORG_KEY = "organization_id"
+
 
 def organization_get(*, actor: Actor) -> Organization:
     return Organization.objects.get(id=actor.organization_id)
@@ -32,3 +35,8 @@ def actor_for_user(*, user: User, organization_id: str | None = None) -> Actor:
 def staff_organization_ids(*, user: User) -> list[str]:
     """Organisations a staff user may see in the admin."""
     return list(Membership.objects.filter(user=user).values_list("organization_id", flat=True))
+
+
+def user_memberships(*, user: User):  # -> QuerySet[Membership]
+    """The organisations a user belongs to, for the ADE's organisation switcher."""
+    return Membership.objects.filter(user=user).select_related("organization").order_by("organization__name")

@@ -11,11 +11,9 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from apps.accounts.errors import AuthenticationFailed
-from apps.accounts.selectors import actor_for_user
+from apps.accounts.selectors import SESSION_ORG_KEY, actor_for_user
 from apps.accounts.services import api_key_authenticate
 from apps.core.errors import NotFound
-
-SESSION_ORG_KEY = "organization_id"
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

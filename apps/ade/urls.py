@@ -1,0 +1,14 @@
+"""The ADE's pages. Each area's module owns its patterns (views/<area>.py)."""
+
+from apps.ade.views import account, agents, auth, runs, tools, workspace
+
+app_name = "ade"
+
+urlpatterns = [
+    *auth.urlpatterns,
+    *account.urlpatterns,
+    *agents.urlpatterns,
+    *workspace.urlpatterns,
+    *tools.urlpatterns,
+    *runs.urlpatterns,
+]

@@ -1,0 +1,77 @@
+"""What every ADE view shares: the signed-in user's Actor, domain errors as pages, and HTMX helpers.
+
+Views stay thin: they read a form, call a service or selector with `request.actor`, and render a
+template or partial. They never filter by organisation themselves; the selectors and services do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from apps.accounts.selectors import SESSION_ORG_KEY, actor_for_user
+from apps.core.actor import Actor
+from apps.core.errors import DomainError, NotFound, PermissionDenied
+
+View = Callable[..., HttpResponse]
+
+
+class AdeRequest(HttpRequest):
+    """The request an `@ade_view` receives (for type hints)."""
+
+    actor: Actor
+
+
+def ade_view(view: View) -> View:
+    """Sign-in required; sets `request.actor` for the organisation chosen in the session.
+
+    NotFound becomes a 404 (another organisation's object looks exactly like a missing one), and
+    PermissionDenied a 403 page that says what role is needed.
+    """
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        try:
+            request.actor = actor_for_user(  # type: ignore[attr-defined]
+                user=request.user, organization_id=request.session.get(SESSION_ORG_KEY)
+            )
+        except NotFound:
+            return render(request, "ade/no_organization.html", status=403)
+        try:
+            return view(request, *args, **kwargs)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        except PermissionDenied as exc:
+            return error_response(request, exc, status=403)
+
+    return wrapper
+
+
+def require_manage(actor: Actor) -> None:
+    """Owners and admins change organisation-wide settings; members only use them."""
+    if not actor.can_manage:
+        raise PermissionDenied("Only owners and admins can do this.")
+
+
+def error_response(request: HttpRequest, error: DomainError | str, *, status: int = 400) -> HttpResponse:
+    """A clear message where the action happened: the HTMX target gets an inline error, a full page
+    request gets the error page."""
+    message = error.message if isinstance(error, DomainError) else error
+    template = "ade/_error.html" if request.headers.get("HX-Request") else "ade/error.html"
+    response = render(request, template, {"message": message}, status=status)
+    if request.headers.get("HX-Request"):
+        # The message goes to the page's flash slot, not into the panel the action targeted.
+        response["HX-Retarget"] = "#flash"
+        response["HX-Reswap"] = "innerHTML"
+    return response
+
+
+def is_htmx(request: HttpRequest) -> bool:
+    return bool(request.headers.get("HX-Request"))

@@ -1,0 +1,36 @@
+"""ADE: the agent workspace page, three columns like Letta's ADE.
+
+Left, configuration (views/config.py); centre, the conversation (views/conversation.py); right,
+memory (views/memory.py). Each column module owns its partials and actions and gives this page its
+initial context through `column_context`.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.urls import path
+
+from apps.ade.views import config, conversation, memory
+from apps.ade.views.base import AdeRequest, ade_view
+from apps.agents.selectors import agent_state_get
+
+
+@ade_view
+def agent_workspace(request: AdeRequest, agent_id: str) -> HttpResponse:
+    agent = agent_state_get(actor=request.actor, agent_id=agent_id)
+    context = {
+        "agent": agent,
+        **config.column_context(request, agent),
+        **conversation.column_context(request, agent),
+        **memory.column_context(request, agent),
+    }
+    return render(request, "ade/workspace/page.html", context)
+
+
+urlpatterns = [
+    path("agents/<str:agent_id>/", agent_workspace, name="workspace"),
+    *config.urlpatterns,
+    *conversation.urlpatterns,
+    *memory.urlpatterns,
+]
