@@ -40,3 +40,19 @@ def staff_organization_ids(*, user: User) -> list[str]:
 def user_memberships(*, user: User):  # -> QuerySet[Membership]
     """The organisations a user belongs to, for the ADE's organisation switcher."""
     return Membership.objects.filter(user=user).select_related("organization").order_by("organization__name")
+
+
+def membership_list(*, actor: Actor):  # -> QuerySet[Membership]
+    """The actor's organisation's members with their users, for the ADE's members settings."""
+    return (
+        Membership.objects.filter(organization_id=actor.organization_id)
+        .select_related("user")
+        .order_by("user__username")
+    )
+
+
+def api_key_list_visible(*, actor: Actor):  # -> QuerySet[ApiKey]
+    """The keys the actor may see and revoke: all of the organisation's for owners and admins, their own
+    for members (the same rule api_key_revoke applies)."""
+    keys = api_key_list(actor=actor)
+    return keys if actor.can_manage else keys.filter(user_id=actor.user_id)

@@ -5,13 +5,15 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from apps.accounts.errors import AuthenticationFailed, DuplicateApiKey
 from apps.accounts.models import ApiKey, Membership, Organization, User
 from apps.core.actor import Actor, Role
-from apps.core.errors import InvalidInput, NotFound
+from apps.core.errors import InvalidInput, NotFound, PermissionDenied
 
 API_KEY_PREFIX = "sk-let-"
 # last_used_at is advisory; writing it on every request would cost a write per call.
@@ -148,3 +150,118 @@ def platform_bootstrap(
         raw_api_key=raw_key,
         generated_password=generated_password,
     )
+
+
+# --- members and roles (the ADE's organisation settings) ------------------------------------------------
+
+ASSIGNABLE_ROLES = (Role.OWNER, Role.ADMIN, Role.MEMBER)
+
+
+def _require_owner(actor: Actor) -> None:
+    if actor.role not in (Role.OWNER, Role.SYSTEM):
+        raise PermissionDenied("Only owners can add, change or remove members.")
+
+
+def _assignable_role(role: str) -> Role:
+    if role not in ASSIGNABLE_ROLES:
+        raise InvalidInput(f"Choose a role: owner, admin or member (got '{role}').")
+    return Role(role)
+
+
+def _lock_members(actor: Actor) -> None:
+    """Membership changes of one organisation are serialised on its row, so two owners demoting each
+    other at the same moment cannot leave it without an owner."""
+    Organization.objects.select_for_update().filter(id=actor.organization_id).first()
+
+
+def _member(actor: Actor, membership_id: int) -> Membership:
+    membership = (
+        Membership.objects.select_related("user")
+        .filter(id=membership_id, organization_id=actor.organization_id)
+        .first()
+    )
+    if membership is None:
+        raise NotFound("Member not found")
+    return membership
+
+
+def _is_last_owner(membership: Membership) -> bool:
+    return (
+        membership.role == Role.OWNER
+        and not Membership.objects.filter(organization_id=membership.organization_id, role=Role.OWNER)
+        .exclude(id=membership.id)
+        .exists()
+    )
+
+
+@transaction.atomic
+def membership_add(
+    *, actor: Actor, username: str, role: str, password: str = "", email: str = ""
+) -> Membership:
+    """Add a user to the actor's organisation with a role (owners only). An existing user is named by
+    username; with a password, a new user of that name is created first.
+
+    Raises PermissionDenied, InvalidInput (unknown user without a password, a password for an existing
+    user, a password the validators refuse, already a member).
+    """
+    _require_owner(actor)
+    role_value = _assignable_role(role)
+    username = username.strip()
+    if not username:
+        raise InvalidInput("Give the username of the person to add.")
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        if not password:
+            raise InvalidInput(f"There is no user named '{username}'. Give a password to create the account.")
+        candidate = User(username=username, email=email.strip())
+        try:
+            User.username_validator(username)
+            validate_password(password, user=candidate)
+        except DjangoValidationError as exc:
+            raise InvalidInput(" ".join(exc.messages)) from exc
+        user = User.objects.create_user(username=username, email=email.strip(), password=password)
+    elif password:
+        raise InvalidInput(
+            f"A user named '{username}' already exists: leave the password empty to add them as they are."
+        )
+    if Membership.objects.filter(user=user, organization_id=actor.organization_id).exists():
+        raise InvalidInput(f"'{username}' is already a member of this organization.")
+    return Membership.objects.create(user=user, organization_id=actor.organization_id, role=role_value)
+
+
+@transaction.atomic
+def membership_set_role(*, actor: Actor, membership_id: int, role: str) -> Membership:
+    """Change a member's role (owners only); the last owner cannot be demoted.
+    Raises PermissionDenied, NotFound (another organisation's membership too), InvalidInput."""
+    _require_owner(actor)
+    role_value = _assignable_role(role)
+    _lock_members(actor)
+    membership = _member(actor, membership_id)
+    if role_value != Role.OWNER and _is_last_owner(membership):
+        raise InvalidInput(
+            f"{membership.user.username} is the last owner of this organization: "
+            "make another member an owner first."
+        )
+    if membership.role != role_value:
+        membership.role = role_value
+        membership.save(update_fields=["role", "updated_at"])
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor: Actor, membership_id: int) -> Membership:
+    """Remove a member (owners only) and revoke their API keys in this organisation; the last owner
+    cannot be removed. Raises PermissionDenied, NotFound, InvalidInput."""
+    _require_owner(actor)
+    _lock_members(actor)
+    membership = _member(actor, membership_id)
+    if _is_last_owner(membership):
+        raise InvalidInput(
+            f"{membership.user.username} is the last owner of this organization and cannot be removed: "
+            "make another member an owner first."
+        )
+    ApiKey.objects.for_actor(actor).filter(user_id=membership.user_id, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    membership.delete()
+    return membership

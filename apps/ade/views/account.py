@@ -1,19 +1,235 @@
-"""ADE: organisation settings: API keys, LLM provider credentials, members and roles."""
+"""ADE: organisation settings: LLM provider credentials, API keys, members and roles.
+
+Each settings tab is one page whose panel (`#<tab>-panel`) is re-rendered by its HTMX actions: invalid
+input answers 422 with the panel and its message, a refused role answers 403 (see base.ade_view).
+
+Who may do what (the services enforce it; the pages only hide what would be refused):
+- LLM providers: owners and admins add and delete; members see the list (never a key).
+- API keys: everyone creates their own keys; owners and admins see and revoke every key of the
+  organisation, members only their own.
+- Members: owners add, change roles and remove; the last owner can be neither demoted nor removed.
+"""
 
 from __future__ import annotations
 
-from django.http import HttpResponse
-from django.shortcuts import render
-from django.urls import path
+from typing import Any
 
-from apps.ade.views.base import AdeRequest, ade_view
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST
+
+from apps.accounts import selectors as account_selectors
+from apps.accounts import services as account_services
+from apps.accounts.models import Membership
+from apps.ade.views.base import AdeRequest, ade_view, is_htmx, require_manage
+from apps.core.actor import Role
+from apps.core.errors import Conflict, DomainError, InvalidInput
+from apps.llm import selectors as llm_selectors
+from apps.llm import services as llm_services
+from apps.llm.models import Provider
+
+PROVIDER_TYPES = [
+    # (value, label, default name, base URL placeholder, what it needs)
+    (Provider.Type.OPENAI.value, "OpenAI", "openai", "https://api.openai.com/v1 (default)",
+     "An API key from platform.openai.com. A base URL is only needed for a proxy."),
+    (Provider.Type.ANTHROPIC.value, "Anthropic", "anthropic", "https://api.anthropic.com (default)",
+     "An API key from console.anthropic.com."),
+    (Provider.Type.OLLAMA.value, "Ollama", "ollama", "http://localhost:11434",
+     "The base URL of an Ollama server; no key needed."),
+    (Provider.Type.OPENAI_COMPATIBLE.value, "OpenAI-compatible (vLLM, LM Studio, ...)", "local",
+     "http://localhost:8000/v1", "The server's base URL (with /v1), and a key if it asks for one."),
+]  # fmt: skip
+ROLE_CHOICES = [(Role.OWNER.value, "Owner"), (Role.ADMIN.value, "Admin"), (Role.MEMBER.value, "Member")]
+
+
+def _render(
+    request: AdeRequest, tab: str, context: dict[str, Any], *, status: int = 200, oob_banner: bool = False
+) -> HttpResponse:
+    """The tab's full page, or for HTMX requests its panel (plus the no-provider banner, out of band,
+    when the action may have changed it)."""
+    context = {
+        "tab": tab,
+        "llm_configured": llm_selectors.llm_configured(actor=request.actor),
+        "oob_banner": oob_banner,
+        **context,
+    }
+    template = f"ade/settings/_{tab}_panel.html" if is_htmx(request) else f"ade/settings/{tab}.html"
+    return render(request, template, context, status=status)
 
 
 @ade_view
 def settings_home(request: AdeRequest) -> HttpResponse:
-    return render(request, "ade/settings/index.html", {})
+    return redirect("ade:settings-providers")
+
+
+# --- LLM providers ---------------------------------------------------------------------------------
+
+
+def _providers_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
+    providers = [
+        (
+            provider,
+            llm_selectors.provider_missing(
+                provider_type=provider.provider_type, api_key=provider.api_key, base_url=provider.base_url
+            ),
+        )
+        for provider in llm_selectors.provider_list(actor=request.actor)
+    ]
+    return {
+        "providers": providers,
+        "deployment_providers": llm_selectors.deployment_llm_providers(),
+        "provider_types": PROVIDER_TYPES,
+        "form": {"provider_type": Provider.Type.OPENAI.value, "name": "openai"},
+        **extra,
+    }
+
+
+@ade_view
+def providers(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _render(request, "providers", _providers_context(request))
+    require_manage(request.actor)
+    # The key is read once here and never put back into a page, not even when the form is refused.
+    form = {key: request.POST.get(key, "").strip() for key in ("provider_type", "name", "base_url")}
+    try:
+        provider = llm_services.provider_create(
+            actor=request.actor, api_key=request.POST.get("api_key", ""), **form
+        )
+    except (InvalidInput, Conflict) as exc:
+        context = _providers_context(request, form=form, error=exc.message)
+        return _render(request, "providers", context, status=422)
+    notice = f"Provider '{provider.name}' added: use it in handles such as {provider.name}/<model>."
+    if not is_htmx(request):
+        messages.success(request, notice)
+        return redirect("ade:settings-providers")
+    return _render(request, "providers", _providers_context(request, notice=notice), oob_banner=True)
+
+
+@require_POST
+@ade_view
+def provider_delete(request: AdeRequest, provider_id: str) -> HttpResponse:
+    provider = llm_services.provider_delete(actor=request.actor, provider_id=provider_id)
+    notice = f"Provider '{provider.name}' deleted."
+    if not is_htmx(request):
+        messages.success(request, notice)
+        return redirect("ade:settings-providers")
+    return _render(request, "providers", _providers_context(request, notice=notice), oob_banner=True)
+
+
+# --- API keys --------------------------------------------------------------------------------------
+
+
+def _api_keys_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
+    return {"api_keys": account_selectors.api_key_list_visible(actor=request.actor)[:200], **extra}
+
+
+@ade_view
+def api_keys(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _render(request, "api_keys", _api_keys_context(request))
+    name = request.POST.get("name", "").strip()
+    if not name or len(name) > 200:
+        error = "Give the key a name (at most 200 characters), e.g. where it will be used."
+        return _render(request, "api_keys", _api_keys_context(request, error=error, name=name), status=422)
+    created = account_services.api_key_create(actor=request.actor, user=request.user, name=name)  # type: ignore[arg-type]
+    # The raw key is in this one response and nowhere else: no redirect, no session, no cache.
+    response = _render(request, "api_keys", _api_keys_context(request, created=created))
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@ade_view
+def api_key_revoke(request: AdeRequest, api_key_id: str) -> HttpResponse:
+    api_key = account_services.api_key_revoke(actor=request.actor, api_key_id=api_key_id)
+    notice = f"Key '{api_key.name}' ({api_key.prefix}…) revoked: requests with it are now refused."
+    if not is_htmx(request):
+        messages.success(request, notice)
+        return redirect("ade:settings-api-keys")
+    return _render(request, "api_keys", _api_keys_context(request, notice=notice))
+
+
+# --- members and roles -----------------------------------------------------------------------------
+
+
+def _members_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        "members": account_selectors.membership_list(actor=request.actor),
+        "role_choices": ROLE_CHOICES,
+        "is_owner": request.actor.role == Role.OWNER,
+        "form": {"role": Role.MEMBER.value},
+        **extra,
+    }
+
+
+def _members_result(request: AdeRequest, notice: str) -> HttpResponse:
+    if not is_htmx(request):
+        messages.success(request, notice)
+        return redirect("ade:settings-members")
+    return _render(request, "members", _members_context(request, notice=notice))
+
+
+def _members_error(request: AdeRequest, error: DomainError, **extra: Any) -> HttpResponse:
+    return _render(request, "members", _members_context(request, error=error.message, **extra), status=422)
+
+
+@ade_view
+def members(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _render(request, "members", _members_context(request))
+    form = {key: request.POST.get(key, "").strip() for key in ("username", "role", "email")}
+    try:
+        membership = account_services.membership_add(
+            actor=request.actor, password=request.POST.get("password", ""), **form
+        )
+    except (InvalidInput, Conflict) as exc:
+        return _members_error(request, exc, form=form)
+    return _members_result(request, f"{membership.user.username} added as {membership.role}.")
+
+
+def _after_own_change(request: AdeRequest, membership: Membership, response: HttpResponse) -> HttpResponse:
+    """Changing one's own role changes what this page may show: reload it (or leave, when removed)."""
+    if membership.user_id == request.actor.user_id and is_htmx(request):
+        response["HX-Refresh"] = "true"
+    return response
+
+
+@require_POST
+@ade_view
+def member_role(request: AdeRequest, membership_id: int) -> HttpResponse:
+    try:
+        membership = account_services.membership_set_role(
+            actor=request.actor, membership_id=membership_id, role=request.POST.get("role", "")
+        )
+    except InvalidInput as exc:
+        return _members_error(request, exc)
+    response = _members_result(request, f"{membership.user.username} is now {membership.role}.")
+    return _after_own_change(request, membership, response)
+
+
+@require_POST
+@ade_view
+def member_remove(request: AdeRequest, membership_id: int) -> HttpResponse:
+    try:
+        membership = account_services.membership_remove(actor=request.actor, membership_id=membership_id)
+    except InvalidInput as exc:
+        return _members_error(request, exc)
+    if membership.user_id == request.actor.user_id:  # left the organisation: nothing here is theirs now
+        response = HttpResponse(status=204) if is_htmx(request) else redirect("ade:home")
+        response["HX-Redirect"] = reverse("ade:home")
+        return response
+    return _members_result(request, f"{membership.user.username} removed from the organization.")
 
 
 urlpatterns = [
     path("settings/", settings_home, name="settings"),
+    path("settings/providers/", providers, name="settings-providers"),
+    path("settings/providers/<str:provider_id>/delete/", provider_delete, name="settings-provider-delete"),
+    path("settings/api-keys/", api_keys, name="settings-api-keys"),
+    path("settings/api-keys/<str:api_key_id>/revoke/", api_key_revoke, name="settings-api-key-revoke"),
+    path("settings/members/", members, name="settings-members"),
+    path("settings/members/<int:membership_id>/role/", member_role, name="settings-member-role"),
+    path("settings/members/<int:membership_id>/remove/", member_remove, name="settings-member-remove"),
 ]
