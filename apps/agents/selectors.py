@@ -676,3 +676,115 @@ def step_list(
     if end_date:
         qs = qs.filter(created_at__lte=end_date)
     return qs
+
+
+# --- The context window as the next LLM request would fill it (the ADE's context-window viewer) -------
+
+
+# Imported with the section that uses them: the loop's pure modules (no ORM, no I/O) and lower layers.
+from django.utils import timezone as django_timezone  # noqa: E402
+
+from apps.accounts.models import User  # noqa: E402
+from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo, context_breakdown  # noqa: E402
+from apps.agents.loop.context import BlockSnapshot, compile_system_sections  # noqa: E402
+from apps.agents.loop.events import NullSink  # noqa: E402
+from apps.llm.tokens import count_text_tokens  # noqa: E402
+from apps.llm.tokens import count_tokens as count_request_tokens  # noqa: E402
+from apps.memory.edits import should_show_line_numbers  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class ContextOverview:
+    """The agent's next request, section by section, in tokens; `error` says why it could not be built
+    (then `breakdown` is None)."""
+
+    model: str
+    breakdown: ContextBreakdown | None
+    warning_threshold: int = 0
+    compact_threshold: int = 0
+    system_message: str = ""
+    message_count: int = 0
+    tool_names: tuple[str, ...] = ()
+    error: str = ""
+
+
+def agent_context_overview(
+    *, actor: Actor, agent_id: str, conversation_id: str | None = None
+) -> ContextOverview:
+    """What the agent's next LLM request would hold: system prompt, memory blocks, tool rules, memory
+    metadata, summary, tool schemas and in-context messages, each in tokens, against its context window.
+
+    Built from the loop's own code so it cannot drift from what is sent: the runner loads the state (blocks,
+    tools, rules, in-context messages, memory statistics) and counts messages and schemas as it does before
+    each call; apps.agents.loop.context compiles the system message and budget.context_breakdown splits it.
+    Raises AgentNotFound (and NotFound for a conversation of another agent). A model handle that cannot be
+    resolved gives an overview with `error` set instead of raising.
+    """
+    # The runner sits above the selectors (imported lazily); only its read-only loading and counting
+    # helpers are used, the very ones it calls before each LLM request.
+    from apps.agents.loop import runner
+
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    if conversation_id is not None:
+        conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent.id)
+    probe = Run(
+        organization_id=actor.organization_id,
+        agent_id=agent.id,
+        conversation_id=conversation_id,
+        request_config={},
+    )
+    try:
+        state = runner._load_state(probe, NullSink())
+    except runner.StopRun as exc:
+        return ContextOverview(model=agent.model, breakdown=None, error=exc.error or exc.reason)
+
+    sections = compile_system_sections(
+        system_prompt=state.agent.system or DEFAULT_SYSTEM_PROMPT,
+        blocks=[BlockSnapshot(b.label, b.description, b.value, b.limit, b.read_only) for b in state.blocks],
+        stats=state.stats,
+        tool_rules_text=state.rules_text,
+        agent_type=state.agent.agent_type,
+        show_line_numbers=should_show_line_numbers(state.agent.agent_type, state.target.provider_type),
+        now=django_timezone.now(),
+        timezone=state.agent.timezone or "UTC",
+    )
+    model = state.target.litellm_model
+    allowed = state.solver.allowed_tools(list(runner._available_tool_names(state)))
+    schemas = runner._tool_schemas(state, allowed)
+    infos = [
+        MessageInfo(id=message.id, role=message.role, tokens=tokens)
+        for message, tokens in zip(state.in_context, runner._message_tokens(state), strict=True)
+    ]
+    summary_id = next((m.id for m in state.in_context if m.role == Message.Role.SUMMARY), None)
+    breakdown = context_breakdown(
+        context_window=state.context_window,
+        sections=sections,
+        count_tokens=lambda text: count_text_tokens(model, text),
+        tool_schema_tokens=count_request_tokens(model, [], schemas) if schemas else 0,
+        messages=infos,
+        summary_message_id=summary_id,
+    )
+    budget = ContextBudget(state.context_window)
+    return ContextOverview(
+        model=agent.model,
+        breakdown=breakdown,
+        warning_threshold=budget.warning_threshold,
+        compact_threshold=budget.compact_threshold,
+        system_message=sections.render(),
+        message_count=len(state.in_context),
+        tool_names=tuple(allowed),
+    )
+
+
+def block_editor_names(*, actor: Actor, editor_ids: Iterable[str]) -> dict[str, str]:
+    """Display names of who changed memory blocks (BlockHistory.actor_id): users by username, agents by
+    name, keyed by id. Ids outside the actor's organisation are simply absent."""
+    ids = {editor_id for editor_id in editor_ids if editor_id}
+    if not ids:
+        return {}
+    users = User.objects.filter(id__in=ids, memberships__organization_id=actor.organization_id)
+    agents = Agent.objects.for_actor(actor).filter(id__in=ids)
+    return {
+        **dict(users.values_list("id", "username")),
+        **dict(agents.values_list("id", "name")),
+    }
