@@ -380,3 +380,25 @@ def tool_run(
         stderr=outcome.stderr.splitlines(),
         sandbox=ran.backend,
     )
+
+
+@transaction.atomic
+def tool_create(
+    *,
+    actor: Actor,
+    source_code: str,
+    tags: list[str] | None = None,
+    return_char_limit: int | None = None,
+) -> Tool:
+    """Create a new custom Python tool named after its function. Unlike tool_upsert (Letta's POST/PUT,
+    which update a same-named tool), an existing name is refused, so "new tool" never overwrites one.
+
+    Raises ToolSchemaError, BuiltinToolReadOnly, ToolNameConflict, InvalidInput.
+    """
+    name = build_tool_schema(source_code=source_code)["name"]
+    _refuse_builtin(name)
+    if Tool.objects.for_actor(actor).filter(name=name).exists():
+        raise ToolNameConflict(
+            f"A tool named '{name}' already exists: open it to edit, or rename the function."
+        )
+    return tool_upsert(actor=actor, source_code=source_code, tags=tags, return_char_limit=return_char_limit)

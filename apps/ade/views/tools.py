@@ -1,19 +1,275 @@
-"""ADE: the tool list, the tool editor (live schema from the docstring) and test runs in the sandbox."""
+"""ADE: the tool list, the tool editor (live schema from the docstring) and test runs in the sandbox.
+
+Who may do what is the /v1 API's rule, enforced by apps.tools.services: every member of the
+organisation can create, edit and delete its custom tools (as in Letta, where any organisation user
+may), but only owners and admins may run tool code by hand (`tool_run`). Built-in, MCP and client-side
+tools are read-only here: the server or their MCP server defines them.
+"""
 
 from __future__ import annotations
 
-from django.http import HttpResponse
-from django.shortcuts import render
-from django.urls import path
+import json
+import time
+from typing import Any
 
-from apps.ade.views.base import AdeRequest, ade_view
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST
+
+from apps.ade.views.base import AdeRequest, ade_view, is_htmx
+from apps.core.errors import Conflict, InvalidInput
+from apps.tools import selectors as tool_selectors
+from apps.tools import services as tool_services
+from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
+from apps.tools.schema import ToolSchemaError
+
+STARTER_SOURCE = '''def roll_dice(sides: int = 6, count: int = 1) -> str:
+    """Roll dice and say what came up.
+
+    Args:
+        sides: How many faces each die has.
+        count: How many dice to roll.
+
+    Returns:
+        The faces rolled, separated by commas.
+    """
+    import random
+
+    return ", ".join(str(random.randint(1, sides)) for _ in range(count))
+'''
+
+KINDS = {"custom": "custom", "builtin": "built-in", "mcp": "MCP", "client": "client-side"}
+"""The type filter's values and their labels."""
+
+SAMPLE_VALUES: dict[str, Any] = {
+    "string": "",
+    "integer": 0,
+    "number": 0,
+    "boolean": False,
+    "array": [],
+    "object": {},
+}
+
+
+def tool_kind(tool: Tool) -> str:
+    if tool_services.is_builtin_tool(tool):
+        return "builtin"
+    if tool.tool_type == Tool.Type.EXTERNAL_MCP:
+        return "mcp"
+    if tool.tool_type == Tool.Type.CLIENT:
+        return "client"
+    return "custom"
+
+
+def is_editable(tool: Tool | None) -> bool:
+    """Custom Python tools are edited here; the others are defined elsewhere and shown read-only."""
+    return tool is None or (tool_kind(tool) == "custom" and tool.source_type == "python")
+
+
+def sample_args(schema: dict[str, Any] | None) -> str:
+    """A JSON object to start a test run from: every parameter, with its default-ish value by type."""
+    properties = ((schema or {}).get("parameters") or {}).get("properties") or {}
+    sample = {}
+    for name, spec in properties.items():
+        if spec.get("enum"):
+            sample[name] = spec["enum"][0]
+        else:
+            sample[name] = SAMPLE_VALUES.get(spec.get("type", "string"), "")
+    return json.dumps(sample, indent=2)
+
+
+# --- the list --------------------------------------------------------------------------------------
 
 
 @ade_view
 def tool_list(request: AdeRequest) -> HttpResponse:
-    return render(request, "ade/tools/list.html", {})
+    actor = request.actor
+    tool_services.tool_upsert_builtins(actor=actor)  # as /v1/tools does: the built-ins are listed too
+    query = request.GET.get("q", "").strip()
+    kind = request.GET.get("type", "")
+    filters: dict[str, Any] = {"search": query or None}
+    if kind == "builtin":
+        filters["letta_only"] = True
+    elif kind in ("custom", "mcp", "client"):
+        filters["tool_types"] = [{"mcp": Tool.Type.EXTERNAL_MCP, "client": Tool.Type.CLIENT}.get(kind, kind)]
+    tools = [
+        (tool, tool_kind(tool))
+        for tool in tool_selectors.tool_list_filtered(actor=actor, **filters).order_by("name")[:500]
+    ]
+    context = {"tools": tools, "query": query, "kind": kind, "kinds": KINDS}
+    if is_htmx(request) and request.headers.get("HX-Target") == "tool-rows":
+        return render(request, "ade/tools/_rows.html", context)
+    return render(request, "ade/tools/list.html", context)
+
+
+# --- the editor ------------------------------------------------------------------------------------
+
+
+def _editor_context(request: AdeRequest, tool: Tool | None, **extra: Any) -> dict[str, Any]:
+    source = tool.source_code if tool else STARTER_SOURCE
+    schema, schema_error = (tool.json_schema, None) if tool else _schema_of(source)
+    context = {
+        "tool": tool,
+        "kind": tool_kind(tool) if tool else "custom",
+        "kinds": KINDS,
+        "editable": is_editable(tool),
+        "can_run": request.actor.can_manage,
+        "source": source,
+        "schema": schema,
+        "schema_json": json.dumps(schema, indent=2) if schema else "",
+        "schema_error": schema_error,
+        "sample_args": sample_args(schema),
+        "tags": ", ".join(tool.tags) if tool else "",
+        "return_char_limit": tool.return_char_limit if tool else DEFAULT_RETURN_CHAR_LIMIT,
+    }
+    return context | extra
+
+
+def _schema_of(source: str) -> tuple[dict[str, Any] | None, str | None]:
+    if not source.strip():
+        return None, "Write a Python function with type annotations and a Google-style docstring."
+    try:
+        return tool_services.build_tool_schema(source_code=source), None
+    except ToolSchemaError as exc:
+        return None, exc.message
+
+
+def _save_fields(request: AdeRequest) -> dict[str, Any]:
+    """The form's fields as service arguments. Raises InvalidInput for a limit that is not a number."""
+    tags = [t.strip() for t in request.POST.get("tags", "").split(",") if t.strip()]
+    limit_text = request.POST.get("return_char_limit", "").strip()
+    try:
+        limit = int(limit_text) if limit_text else DEFAULT_RETURN_CHAR_LIMIT
+    except ValueError as exc:
+        raise InvalidInput(f"The return character limit must be a whole number, got '{limit_text}'.") from exc
+    return {
+        "source_code": request.POST.get("source_code", "").replace("\r\n", "\n"),
+        "tags": list(dict.fromkeys(tags)),
+        "return_char_limit": limit,
+    }
+
+
+def _save_failed(request: AdeRequest, tool: Tool | None, error: str) -> HttpResponse:
+    if is_htmx(request):
+        return render(request, "ade/tools/_save_status.html", {"error": error, "tool": tool}, status=422)
+    fields = {
+        "source": request.POST.get("source_code", ""),
+        "tags": request.POST.get("tags", ""),
+        "return_char_limit": request.POST.get("return_char_limit", ""),
+        "save_error": error,
+    }
+    context = _editor_context(request, tool, **fields)
+    context["schema"], context["schema_error"] = _schema_of(fields["source"])
+    context["schema_json"] = json.dumps(context["schema"], indent=2) if context["schema"] else ""
+    return render(request, "ade/tools/editor.html", context, status=422)
+
+
+def _redirect(request: AdeRequest, url: str) -> HttpResponse:
+    if is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+@ade_view
+def tool_new(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return render(request, "ade/tools/editor.html", _editor_context(request, None))
+    try:
+        tool = tool_services.tool_create(actor=request.actor, **_save_fields(request))
+    except (InvalidInput, Conflict) as exc:
+        return _save_failed(request, None, exc.message)
+    messages.success(request, f"Tool '{tool.name}' created.")
+    return _redirect(request, reverse("ade:tool-detail", args=[tool.id]))
+
+
+@ade_view
+def tool_detail(request: AdeRequest, tool_id: str) -> HttpResponse:
+    tool = tool_selectors.tool_get(actor=request.actor, tool_id=tool_id)
+    if request.method != "POST":
+        return render(request, "ade/tools/editor.html", _editor_context(request, tool))
+    try:
+        tool = tool_services.tool_update(actor=request.actor, tool_id=tool.id, **_save_fields(request))
+    except (InvalidInput, Conflict) as exc:
+        return _save_failed(request, tool, exc.message)
+    if not is_htmx(request):
+        messages.success(request, f"Tool '{tool.name}' saved.")
+        return redirect("ade:tool-detail", tool.id)
+    return render(request, "ade/tools/_save_status.html", {"tool": tool, "saved": True})
+
+
+@require_POST
+@ade_view
+def tool_delete(request: AdeRequest, tool_id: str) -> HttpResponse:
+    tool = tool_selectors.tool_get(actor=request.actor, tool_id=tool_id)
+    try:
+        tool_services.tool_delete(actor=request.actor, tool_id=tool.id)
+    except InvalidInput as exc:  # a built-in
+        return _save_failed(request, tool, exc.message)
+    messages.success(request, f"Tool '{tool.name}' deleted.")
+    return _redirect(request, reverse("ade:tool-list"))
+
+
+@require_POST
+@ade_view
+def schema_preview(request: AdeRequest) -> HttpResponse:
+    """The schema the editor's current source would get (the live preview as the user types)."""
+    schema, error = _schema_of(request.POST.get("source_code", "").replace("\r\n", "\n"))
+    context = {
+        "schema": schema,
+        "schema_json": json.dumps(schema, indent=2) if schema else "",
+        "schema_error": error,
+        "sample_args": sample_args(schema),
+    }
+    return render(request, "ade/tools/_schema.html", context, status=422 if error else 200)
+
+
+@require_POST
+@ade_view
+def tool_run(request: AdeRequest) -> HttpResponse:
+    """Run the editor's current source with the given arguments in the sandbox an agent would use."""
+
+    def failed(error: str, status: int = 422) -> HttpResponse:
+        return render(request, "ade/tools/_run_result.html", {"error": error}, status=status)
+
+    if not request.actor.can_manage:
+        return failed(
+            "Only owners and admins can run tool code by hand; agents run it when they call the tool.", 403
+        )
+    text = request.POST.get("args", "").strip() or "{}"
+    try:
+        args = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return failed(f"The arguments are not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).")
+    if not isinstance(args, dict):
+        return failed('The arguments must be a JSON object of parameter names and values, e.g. {"sides": 6}.')
+    started = time.monotonic()
+    try:
+        outcome = tool_services.tool_run(
+            actor=request.actor,
+            args=args,
+            source_code=request.POST.get("source_code", "").replace("\r\n", "\n"),
+        )
+    except InvalidInput as exc:
+        return failed(exc.message)
+    duration_ms = round((time.monotonic() - started) * 1000)
+    context = {
+        "outcome": outcome,
+        "duration_ms": duration_ms,
+        "stdout": "\n".join(outcome.stdout),
+        "stderr": "\n".join(outcome.stderr),
+    }
+    return render(request, "ade/tools/_run_result.html", context)
 
 
 urlpatterns = [
     path("tools/", tool_list, name="tool-list"),
+    path("tools/new/", tool_new, name="tool-new"),
+    path("tools/schema/", schema_preview, name="tool-schema-preview"),
+    path("tools/run/", tool_run, name="tool-run"),
+    path("tools/<str:tool_id>/", tool_detail, name="tool-detail"),
+    path("tools/<str:tool_id>/delete/", tool_delete, name="tool-delete"),
 ]
