@@ -788,3 +788,20 @@ def block_editor_names(*, actor: Actor, editor_ids: Iterable[str]) -> dict[str, 
         **dict(users.values_list("id", "username")),
         **dict(agents.values_list("id", "name")),
     }
+
+
+def run_list_with_usage(*, actor: Actor, run_ids: Iterable[str]) -> dict[str, Run]:
+    """The actor's runs among `run_ids`, each annotated with its steps' token totals (`prompt_tokens`,
+    `completion_tokens`, `total_tokens`, `step_count`), in one query; another organisation's ids are
+    simply absent. For timelines that show a usage line under every turn."""
+    runs = (
+        Run.objects.for_actor(actor)
+        .filter(id__in=list(run_ids))
+        .annotate(
+            prompt_tokens=Sum("steps__prompt_tokens", default=0),
+            completion_tokens=Sum("steps__completion_tokens", default=0),
+            total_tokens=Sum("steps__total_tokens", default=0),
+            step_count=Count("steps"),
+        )
+    )
+    return {run.id: run for run in runs}

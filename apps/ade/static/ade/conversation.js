@@ -1,0 +1,348 @@
+// The workspace's conversation column: follows each live run over the WebSocket (ws/runs/<id>/?after=<cursor>),
+// renders its events as they arrive (token deltas grow the reasoning / assistant text / tool-call arguments
+// in place), tells the other columns (`ade:run-event`, `ade:run-end` on document.body), reconnects from
+// the last cursor when the socket drops, and swaps in the server's rendering of the turn when the run ends.
+// The markup built here mirrors ade/workspace/conversation/_event.html and _turn.html.
+(() => {
+  if (window.adeConversation) return; // the column partial is swapped in again on conversation switches
+  const sockets = new Map(); // run id -> {ws, turn, retries, timer}
+  const STOP_LABELS = {
+    end_turn: "Turn ended", tool_rule: "Ended by a tool rule", max_steps: "Step limit reached",
+    requires_approval: "Waiting for approval", cancelled: "Cancelled", error: "Error",
+    llm_api_error: "LLM provider error", invalid_llm_response: "Invalid LLM response",
+  };
+  const STOP_TONES = { end_turn: "ok", tool_rule: "ok", max_steps: "warn", requires_approval: "warn", cancelled: "warn" };
+
+  // --- small DOM helpers --------------------------------------------------------------------------
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key === "open") node.open = true;
+      else node.setAttribute(key, value === true ? "" : value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const sel = (value) => CSS.escape(String(value));
+  function pretty(text) {
+    if (typeof text !== "string") return JSON.stringify(text, null, 2);
+    try {
+      const value = JSON.parse(text);
+      if (value && typeof value === "object") return JSON.stringify(value, null, 2);
+    } catch (_) { /* not JSON (yet): shown as it is */ }
+    return text;
+  }
+  function timeline() { return document.getElementById("timeline"); }
+  function nearBottom(box) { return box.scrollHeight - box.scrollTop - box.clientHeight < 120; }
+  function keepScrolled(fn) {
+    const box = timeline();
+    const stick = box && nearBottom(box);
+    fn();
+    if (box && stick) box.scrollTop = box.scrollHeight;
+  }
+  function emit(name, detail) { document.body.dispatchEvent(new CustomEvent(name, { detail })); }
+
+  // --- rendering one event ------------------------------------------------------------------------
+  function part(body, cls, id, build) {
+    let node = id ? body.querySelector(`.${cls}[data-msg-id="${sel(id)}"]`) : null;
+    if (!node) { node = build(); body.append(node); }
+    return node;
+  }
+  const bubble = (cls, id) => () => el("div", { class: `ev ${cls}`, "data-msg-id": id }, el("div", { class: "bubble" }));
+  const reasoningBox = (id) => () => el("details", { class: "ev ev-reasoning", "data-msg-id": id, open: true },
+    el("summary", {}, el("span", { class: "ev-label" }, "Reasoning")), el("div", { class: "ev-text" }));
+  function toolCallBox(body, callId, name) {
+    let node = body.querySelector(`.ev-tool-call[data-call-id="${sel(callId)}"]`);
+    if (!node) {
+      node = el("details", { class: "ev ev-tool-call", "data-call-id": callId, open: true },
+        el("summary", {}, el("span", { class: "ev-label" }, "Tool call"), " ", el("code", { class: "tool-name" }, name || "")),
+        el("pre", { class: "json" }));
+      body.append(node);
+    }
+    if (name) node.querySelector(".tool-name").textContent = name;
+    return node;
+  }
+
+  function renderDelta(body, event) {
+    const id = event.message_id || `${event.step_id}`;
+    if (event.kind === "content") {
+      const node = part(body, "ev-assistant", id, bubble("ev-assistant", id));
+      node.classList.add("streaming");
+      node.querySelector(".bubble").textContent += event.text || "";
+    } else if (event.kind === "reasoning") {
+      part(body, "ev-reasoning", id, reasoningBox(id)).querySelector(".ev-text").textContent += event.text || "";
+    } else if (event.kind === "tool_call_args" && event.tool_call_id) {
+      toolCallBox(body, event.tool_call_id, event.tool_name).querySelector("pre").textContent += event.text || "";
+    }
+  }
+
+  function renderToolReturn(event) {
+    const first = (event.tool_returns || [])[0] || {};
+    const meta = [first.sandbox ? `sandbox: ${first.sandbox}` : "", first.duration_ms != null ? `${first.duration_ms} ms` : ""]
+      .filter(Boolean).join(" · ");
+    const node = el("details", { class: "ev ev-tool-return", "data-call-id": event.tool_call_id },
+      el("summary", {}, el("span", { class: "ev-label" }, "Tool return"), " ",
+        el("code", { class: "tool-name" }, event.name || ""), " ",
+        el("span", { class: `badge ${event.status === "success" ? "ok" : "err"}` }, event.status || ""), " ",
+        meta ? el("span", { class: "muted small" }, meta) : null),
+      el("pre", { class: "json" }, pretty(event.tool_return || "")));
+    if (event.stdout && event.stdout.length) node.append(el("div", { class: "small muted" }, "stdout"), el("pre", {}, event.stdout.join("")));
+    if (event.stderr && event.stderr.length) node.append(el("div", { class: "small muted" }, "stderr"), el("pre", { class: "stderr" }, event.stderr.join("")));
+    return node;
+  }
+
+  function renderApprovalRequest(body, event) {
+    const calls = event.tool_calls || [];
+    for (const call of calls) body.querySelector(`.ev-tool-call[data-call-id="${sel(call.tool_call_id)}"]`)?.remove();
+    const card = el("div", { class: "ev ev-approval pending", id: `approval-${event.id}`, "data-msg-id": event.id, "data-testid": "approval-card" },
+      el("div", { class: "approval-head" }, el("span", { class: "ev-label" }, "Approval needed")));
+    for (const call of calls) {
+      card.append(el("div", { class: "approval-call", "data-call-id": call.tool_call_id },
+        el("div", {}, "The agent wants to call ", el("code", { class: "tool-name" }, call.name), " with"),
+        el("pre", { class: "json" }, pretty(call.arguments || "{}"))));
+    }
+    card.append(el("div", { class: "small muted" }, "Loading the decision form…"));
+    body.append(card);
+  }
+
+  function renderEvent(turn, event) {
+    const body = turn.querySelector(".turn-body");
+    const type = event.message_type;
+    switch (type) {
+      case "delta": renderDelta(body, event); break;
+      case "reasoning_message":
+        part(body, "ev-reasoning", event.id, reasoningBox(event.id)).querySelector(".ev-text").textContent = event.reasoning || "";
+        break;
+      case "assistant_message": {
+        const node = part(body, "ev-assistant", event.id, bubble("ev-assistant", event.id));
+        node.classList.remove("streaming");
+        node.querySelector(".bubble").textContent = event.content || "";
+        break;
+      }
+      case "tool_call_message": {
+        const call = event.tool_call || {};
+        toolCallBox(body, call.tool_call_id, call.name).querySelector("pre").textContent = pretty(call.arguments || "{}");
+        break;
+      }
+      case "tool_return_message": body.append(renderToolReturn(event)); break;
+      case "approval_request_message": renderApprovalRequest(body, event); break;
+      case "user_message":
+        if (!body.querySelector(`.ev-user[data-msg-id="${sel(event.id)}"]`)) {
+          const node = bubble("ev-user", event.id)(); node.querySelector(".bubble").textContent = event.content || ""; body.append(node);
+        }
+        break;
+      case "system_message":
+        if (!body.querySelector(`.ev-system[data-msg-id="${sel(event.id)}"]`)) {
+          const label = event.name === "memory_pressure" ? "Memory pressure" : event.name ? `System alert · ${event.name}` : "System event";
+          body.append(el("div", { class: `ev ev-system${event.name ? " ev-alert" : ""}`, "data-msg-id": event.id },
+            el("span", { class: "ev-label" }, label), el("div", { class: "ev-text" }, event.content || "")));
+        }
+        break;
+      case "summary_message":
+        body.append(el("details", { class: "ev ev-summary", "data-msg-id": event.id },
+          el("summary", {}, el("span", { class: "ev-label" }, "Summary"), " Earlier messages were summarised to free the context window"),
+          el("div", { class: "ev-text" }, event.summary || "")));
+        break;
+      case "stop_reason": turn.dataset.stopReason = event.stop_reason || ""; break;
+      case "usage_statistics": turn._usage = event; break;
+      case "error_message":
+        body.append(el("div", { class: "msg msg-error" }, event.message || event.detail || "The run failed."));
+        break;
+      default: break;
+    }
+  }
+
+  // --- the footer while the run ends, until the server's rendering replaces the turn -----------------
+  function provisionalFoot(turn, stopReason) {
+    const foot = turn.querySelector("[data-role=foot]");
+    if (!foot) return;
+    const usage = turn._usage || {};
+    foot.replaceChildren(
+      el("span", { class: `badge ${STOP_TONES[stopReason] || "err"}`, "data-testid": "stop-reason" }, STOP_LABELS[stopReason] || stopReason || "Ended"),
+      " ",
+      el("span", { class: "muted small" }, `${usage.total_tokens ?? 0} tokens · ${usage.step_count ?? 0} steps`));
+  }
+
+  async function refreshTurn(turn) {
+    const url = turn.dataset.turnUrl;
+    if (!url) return null;
+    try {
+      const response = await fetch(url, { headers: { "HX-Request": "true" }, credentials: "same-origin" });
+      if (!response.ok) return null;
+      const holder = document.createElement("template");
+      holder.innerHTML = (await response.text()).trim();
+      return holder.content.firstElementChild;
+    } catch (_) { return null; }
+  }
+
+  async function finish(turn, status, stopReason) {
+    if (turn.dataset.finished) return;
+    turn.dataset.finished = "1";
+    const runId = turn.dataset.runId;
+    const entry = sockets.get(runId);
+    if (entry) { clearTimeout(entry.timer); sockets.delete(runId); try { entry.ws.close(); } catch (_) { /* closed */ } }
+    provisionalFoot(turn, stopReason);
+    updateComposer();
+    emit("ade:run-end", { run_id: runId, status, stop_reason: stopReason });
+    const fresh = await refreshTurn(turn);
+    if (fresh && turn.isConnected) {
+      fresh.dataset.finished = "1";
+      keepScrolled(() => turn.replaceWith(fresh));
+      if (window.htmx) window.htmx.process(fresh);
+      if (fresh.dataset.live) { // the database has not caught up yet: follow it again
+        delete fresh.dataset.finished;
+        follow(fresh);
+      }
+    }
+    updateComposer();
+  }
+
+  // When the stream is silent (a ping), or after a cancel, ask the server whether the run is over: a run
+  // cancelled before it started, or whose worker died, never writes an end event.
+  async function checkTurn(turn) {
+    if (turn.dataset.finished || !turn.isConnected) return;
+    const fresh = await refreshTurn(turn);
+    if (fresh && !fresh.dataset.live && !turn.dataset.finished) {
+      finish(turn, fresh.dataset.status, fresh.dataset.stopReason);
+    }
+  }
+
+  // --- following a run ------------------------------------------------------------------------------
+  function follow(turn) {
+    const runId = turn.dataset.runId;
+    if (!runId || turn.dataset.finished || sockets.has(runId)) return;
+    const entry = { ws: null, turn, retries: 0, timer: null };
+    sockets.set(runId, entry);
+    updateComposer();
+    connect(entry);
+  }
+
+  function connect(entry) {
+    const { turn } = entry;
+    const runId = turn.dataset.runId;
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const after = encodeURIComponent(turn.dataset.cursor || "0-0");
+    const ws = new WebSocket(`${scheme}//${location.host}/ws/runs/${encodeURIComponent(runId)}/?after=${after}`);
+    entry.ws = ws;
+    ws.onopen = () => { entry.retries = 0; turn.classList.remove("reconnecting"); };
+    ws.onmessage = (message) => {
+      let data;
+      try { data = JSON.parse(message.data); } catch (_) { return; }
+      if (data.type === "ping") { checkTurn(turn); return; }
+      if (!data.event) return;
+      if (data.cursor) turn.dataset.cursor = data.cursor;
+      const event = data.event;
+      if (event.message_type === "run_end") {
+        finish(turn, event.status, event.stop_reason || turn.dataset.stopReason);
+        return;
+      }
+      keepScrolled(() => renderEvent(turn, event));
+      emit("ade:run-event", { run_id: runId, event });
+    };
+    ws.onclose = (close) => {
+      if (turn.dataset.finished || !turn.isConnected || sockets.get(runId) !== entry) return;
+      if (close.code === 4401 || close.code === 4404) {
+        sockets.delete(runId);
+        turn.querySelector(".run-state")?.replaceChildren(close.code === 4401 ? "Signed out: reload the page." : "This run is not visible to you.");
+        updateComposer();
+        return;
+      }
+      turn.classList.add("reconnecting");
+      entry.retries += 1;
+      const delay = Math.min(5000, 300 * 2 ** Math.min(entry.retries, 5));
+      entry.timer = setTimeout(() => { if (sockets.get(runId) === entry) connect(entry); }, delay);
+      if (entry.retries >= 3) checkTurn(turn);
+    };
+  }
+
+  // --- the composer -----------------------------------------------------------------------------------
+  function activeTurn() {
+    return document.querySelector("#timeline .turn[data-live]:not([data-finished])");
+  }
+
+  function updateComposer() {
+    const form = document.querySelector("#conversation .composer");
+    if (!form) return;
+    const busy = Boolean(activeTurn());
+    form.classList.toggle("busy", busy);
+    form.querySelector("textarea").disabled = busy;
+    form.querySelector("[data-testid=send]").disabled = busy;
+    form.querySelector("[data-action=stop]").hidden = !busy;
+    const hint = form.querySelector("[data-role=run-hint]");
+    if (hint) hint.hidden = !busy;
+    if (!busy && document.activeElement === document.body) form.querySelector("textarea").focus();
+  }
+
+  function init(root) {
+    const scope = root || document;
+    const turns = scope.matches?.(".turn[data-live]") ? [scope] : scope.querySelectorAll?.(".turn[data-live]") || [];
+    for (const turn of turns) if (!turn.dataset.finished) follow(turn);
+    if (scope.querySelector?.(".turn") || scope.matches?.(".turn")) {
+      document.querySelector("#timeline .timeline-empty")?.remove();
+    }
+    updateComposer();
+  }
+
+  document.addEventListener("keydown", (event) => {
+    const box = event.target;
+    if (!(box instanceof HTMLTextAreaElement) || !box.closest("#conversation .composer")) return;
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      if (box.value.trim() && !box.disabled) box.form.requestSubmit();
+    }
+  });
+
+  document.addEventListener("click", (event) => {
+    const stop = event.target.closest?.("#conversation [data-action=stop]");
+    if (stop) activeTurn()?.querySelector("[data-action=cancel]")?.click();
+  });
+
+  document.addEventListener("htmx:beforeRequest", (event) => {
+    const form = event.detail.elt;
+    if (form.matches?.("#conversation .composer")) document.getElementById("composer-notice")?.replaceChildren();
+  });
+
+  document.addEventListener("htmx:afterRequest", (event) => {
+    const elt = event.detail.elt;
+    if (elt.matches?.("#conversation .composer") && event.detail.successful && event.detail.xhr.status === 200) {
+      elt.querySelector("textarea").value = "";
+    }
+    if (elt.matches?.("[data-action=cancel]")) {
+      const turn = elt.closest(".turn") || document.querySelector(`.turn[data-run-id="${sel(elt.closest("[data-run-id]")?.dataset.runId)}"]`);
+      if (turn) { setTimeout(() => checkTurn(turn), 1500); setTimeout(() => checkTurn(turn), 5000); }
+    }
+  });
+
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    // Switching conversations: stop following the old column's runs.
+    if (event.detail.target?.id === "conversation-column") {
+      for (const entry of sockets.values()) { clearTimeout(entry.timer); try { entry.ws.close(); } catch (_) { /* closed */ } }
+      sockets.clear();
+    }
+  });
+
+  document.addEventListener("htmx:afterSwap", (event) => {
+    if (event.detail.target?.id === "conversation-column" || event.detail.target?.id === "timeline") {
+      const box = timeline();
+      if (box && (event.detail.target.id === "conversation-column" || event.detail.requestConfig?.elt?.matches?.(".composer, .approval-form"))) {
+        box.scrollTop = box.scrollHeight;
+      }
+    }
+  });
+
+  function start() {
+    if (window.htmx) window.htmx.onLoad((node) => init(node));
+    init(document);
+    const box = timeline();
+    if (box) box.scrollTop = box.scrollHeight;
+  }
+
+  window.adeConversation = { follow, finish, sockets };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
