@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from apps.agents.loop.convert import text_of
 from apps.agents.models import Agent, AgentSecret, AgentType, Conversation, Message
 from apps.agents.selectors import agent_get
-from apps.agents.services import BlockSpec, agent_create
+from apps.agents.services import BlockSpec, agent_create, agent_update
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, InvalidInput, NotFound
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
@@ -708,3 +708,37 @@ def _import_messages(actor: Actor, agent: Agent, file_agent: FileAgent) -> None:
     if created:
         agent.message_ids = [rows[i].id for i in file_agent.in_context_message_ids if i in rows]
         Agent.objects.for_actor(actor).filter(id=agent.id).update(message_ids=agent.message_ids)
+
+
+# --- clone --------------------------------------------------------------------------------------------
+
+CLONE_SUFFIX = " copy"
+
+
+@transaction.atomic
+def agent_clone(*, actor: Actor, agent_id: str, name: str | None = None) -> Agent:
+    """A new agent configured as this one: copies of its blocks (never shared), the same tools, tool rules,
+    model settings and secret values, and its sleeptime setting; no messages. Named "<name> copy" unless
+    `name` is given. Raises AgentNotFound, InvalidInput."""
+    source = agent_get(actor=actor, agent_id=agent_id)
+    document = agent_export(actor=actor, agent_id=agent_id, scrub_messages=True)
+    secrets = {
+        secret.key: secret.value for secret in AgentSecret.objects.for_actor(actor).filter(agent=source)
+    }
+    max_base = 200 - len(CLONE_SUFFIX)
+    (new_id,) = agent_import(
+        actor=actor,
+        file=AgentFile.model_validate(document),
+        append_copy_suffix=False,
+        override_existing_tools=False,
+        strip_messages=True,
+        name=name or f"{source.name[:max_base].rstrip()}{CLONE_SUFFIX}",
+        secrets=secrets,
+    )
+    Agent.objects.for_actor(actor).filter(id=new_id).update(
+        context_window_limit=source.context_window_limit,
+        sleeptime_agent_frequency=source.sleeptime_agent_frequency,
+    )
+    if source.enable_sleeptime and source.agent_type != AgentType.SLEEPTIME:
+        agent_update(actor=actor, agent_id=new_id, enable_sleeptime=True)
+    return agent_get(actor=actor, agent_id=new_id)

@@ -31,7 +31,7 @@ from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
 from apps.agents.selectors import agent_block_get_by_label, agent_get
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
-from apps.core.errors import InvalidInput, NotFound
+from apps.core.errors import InvalidInput, NotFound, PermissionDenied
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
 from apps.memory import services as memory_services
@@ -835,3 +835,43 @@ def step_set_feedback(*, actor: Actor, step_id: str, feedback: Any = UNSET, tags
         fields.append("tags")
     step.save(update_fields=fields)
     return step
+
+
+# --- Writes behind the ADE's agent pages and configuration column -----------------------------------------
+
+SLEEPTIME_FREQUENCY_MAX = 1000
+
+
+def validate_model_available(*, actor: Actor, model: str) -> str:
+    """A chat handle some provider of the organisation can serve now (not only the right shape).
+
+    Raises InvalidInput for an empty or malformed handle, UnknownModelHandle (ProviderNotConfigured)
+    for one no configured provider serves.
+    """
+    handle = (model or "").strip()
+    if not handle:
+        raise InvalidInput("Choose a model: a handle such as 'openai/gpt-4o-mini'")
+    validate_handle(handle, kind="model")
+    resolve_model(handle, organization_id=actor.organization_id)
+    return handle
+
+
+@transaction.atomic
+def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency: int) -> Agent:
+    """Turn the agent's sleeptime memory agent on or off (as agent_update does) and set how many of the
+    primary's turns pass between its runs. Raises AgentNotFound, InvalidInput (frequency out of range)."""
+    if not 1 <= frequency <= SLEEPTIME_FREQUENCY_MAX:
+        raise InvalidInput(f"Sleeptime frequency must be between 1 and {SLEEPTIME_FREQUENCY_MAX} turns")
+    agent = agent_update(actor=actor, agent_id=agent_id, enable_sleeptime=enabled)
+    agent.sleeptime_agent_frequency = frequency
+    agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
+    return agent
+
+
+def agent_delete_by_user(*, actor: Actor, agent_id: str) -> None:
+    """Delete an agent on a person's behalf: owners and admins may delete any agent of the organisation,
+    members only the agents they created. Raises AgentNotFound, PermissionDenied."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    if not actor.can_manage and agent.created_by_id != actor.user_id:
+        raise PermissionDenied("Only the agent's creator, an owner or an admin can delete this agent.")
+    agent_delete(actor=actor, agent_id=agent_id)

@@ -2,20 +2,303 @@
 
 from __future__ import annotations
 
-from django.http import HttpResponse
-from django.shortcuts import render
-from django.urls import path
+import json
+import re
+from typing import Any
 
-from apps.ade.views.base import AdeRequest, ade_view
-from apps.agents.selectors import agent_list as select_agents
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+
+from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES, starter_template
+from apps.ade.views.base import AdeRequest, ade_view, error_response, is_htmx, require_manage
+from apps.agents import agent_file
+from apps.agents import services as agent_services
+from apps.agents.selectors import (
+    agent_get,
+    agent_state_list,
+    agent_tag_list,
+    embedding_model_list,
+    model_list,
+)
+from apps.core.errors import DomainError
+from apps.llm.selectors import llm_configured
+
+LIST_LIMIT = 200
+AGENT_FILE_MAX_BYTES = 20 * 1024 * 1024
+
+
+# --- list -------------------------------------------------------------------------------------------------
+
+
+def _list_context(request: AdeRequest) -> dict[str, Any]:
+    query = request.GET.get("q", "").strip()
+    tag = request.GET.get("tag", "").strip()
+    agents = (
+        agent_state_list(actor=request.actor, query_text=query or None, tags=[tag] if tag else None)
+        .exclude(hidden=True)
+        .order_by("-updated_at")
+    )
+    shown = list(agents[: LIST_LIMIT + 1])
+    return {
+        "agents": shown[:LIST_LIMIT],
+        "truncated": len(shown) > LIST_LIMIT,
+        "q": query,
+        "tag": tag,
+        "tags": agent_tag_list(actor=request.actor, limit=100),
+        "filtered": bool(query or tag),
+    }
 
 
 @ade_view
 def agent_list(request: AdeRequest) -> HttpResponse:
-    agents = select_agents(actor=request.actor)[:100]
-    return render(request, "ade/agents/list.html", {"agents": agents})
+    context = _list_context(request)
+    if is_htmx(request) and request.headers.get("HX-Target") == "agent-results":
+        return render(request, "ade/agents/_results.html", context)
+    context["llm_configured"] = llm_configured(actor=request.actor)
+    return render(request, "ade/agents/list.html", context)
+
+
+@ade_view
+def provider_check(request: AdeRequest) -> HttpResponse:
+    """The 'no LLM provider' banner, or nothing: loaded after the page so a slow provider never delays it."""
+    return render(
+        request, "ade/agents/_no_provider.html", {"has_models": bool(model_list(actor=request.actor))}
+    )
+
+
+@ade_view
+def agent_row(request: AdeRequest, agent_id: str) -> HttpResponse:
+    return render(
+        request, "ade/agents/_row.html", {"agent": agent_get(actor=request.actor, agent_id=agent_id)}
+    )
+
+
+# --- create -----------------------------------------------------------------------------------------------
+
+
+def handle_picker(
+    *,
+    name: str,
+    label: str,
+    kind: str,
+    options: list[Any],
+    value: str,
+    error: str = "",
+    allow_empty: bool = False,
+) -> dict[str, Any]:
+    """Context for ade/agents/_handle_picker.html: a select of the providers' models plus a free handle."""
+    return {
+        "id": f"{name}-handle",
+        "name": name,
+        "label": label,
+        "kind": kind,
+        "options": options,
+        "value": value,
+        "known": value in {option.handle for option in options},
+        "error": error,
+        "allow_empty": allow_empty,
+    }
+
+
+def picked_handle(request: AdeRequest, name: str) -> str:
+    """The typed handle when there is one, else the selected one."""
+    return (request.POST.get(f"{name}_other", "").strip() or request.POST.get(name, "")).strip()
+
+
+def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
+    models = model_list(actor=request.actor)
+    embeddings = embedding_model_list(actor=request.actor)
+    if not form:
+        form = {
+            "template": DEFAULT_TEMPLATE,
+            "name": "",
+            "model": models[0].handle if models else "",
+            "embedding": embeddings[0].handle if embeddings else "",
+            "system": "",
+        }
+    return {
+        "templates": STARTER_TEMPLATES,
+        "models": models,
+        "form": form,
+        "errors": errors,
+        "llm_configured": llm_configured(actor=request.actor),
+        "model_picker": handle_picker(
+            name="model",
+            label="Model",
+            kind="chat",
+            options=models,
+            value=form["model"],
+            error=errors.get("model", ""),
+        ),
+        "embedding_picker": handle_picker(
+            name="embedding",
+            label="Embedding model (archival memory)",
+            kind="embedding",
+            options=embeddings,
+            value=form["embedding"],
+            error=errors.get("embedding", ""),
+            allow_empty=True,
+        ),
+    }
+
+
+def _validate_create(request: AdeRequest, form: dict[str, str]) -> dict[str, str]:
+    """Field -> message, each from the service's own validator."""
+    errors: dict[str, str] = {}
+    if starter_template(form["template"]) is None:
+        errors["template"] = "Choose one of the starter templates."
+    checks = {
+        "name": lambda: form["name"] and agent_services.validate_agent_name(form["name"]),
+        "model": lambda: agent_services.validate_model_available(actor=request.actor, model=form["model"]),
+        "embedding": lambda: agent_services.validate_handle(form["embedding"], kind="embedding"),
+    }
+    for field, check in checks.items():
+        try:
+            check()
+        except DomainError as exc:
+            errors[field] = exc.message
+    return errors
+
+
+@ade_view
+def agent_create(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return render(request, "ade/agents/create.html", _create_context(request, {}, {}))
+    form = {
+        "template": request.POST.get("template", "").strip(),
+        "name": request.POST.get("name", "").strip(),
+        "model": picked_handle(request, "model"),
+        "embedding": picked_handle(request, "embedding"),
+        "system": request.POST.get("system", ""),
+    }
+    errors = _validate_create(request, form)
+    if not errors:
+        template = starter_template(form["template"])
+        assert template is not None
+        try:
+            agent = agent_services.agent_create_with_settings(
+                actor=request.actor,
+                name=form["name"] or None,
+                model=form["model"],
+                embedding=form["embedding"],
+                system=form["system"].strip() and form["system"],
+                memory_blocks=list(template.blocks),
+                enable_sleeptime=template.enable_sleeptime,
+            )
+        except DomainError as exc:
+            errors["form"] = exc.message
+        else:
+            url = reverse("ade:workspace", args=[agent.id])
+            if is_htmx(request):
+                return HttpResponse(status=204, headers={"HX-Redirect": url})
+            return redirect(url)
+    context = _create_context(request, form, errors)
+    template_name = "ade/agents/_create_form.html" if is_htmx(request) else "ade/agents/create.html"
+    return render(request, template_name, context, status=422)
+
+
+# --- clone, delete ----------------------------------------------------------------------------------------
+
+
+def _flash(request: AdeRequest, text: str, level: str = "success") -> str:
+    return render(request, "ade/agents/_flash_oob.html", {"text": text, "level": level}).content.decode()
+
+
+@ade_view
+def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
+    if request.method != "POST":
+        return HttpResponse(status=405, headers={"Allow": "POST"})
+    source = agent_get(actor=request.actor, agent_id=agent_id)
+    try:
+        clone = agent_file.agent_clone(actor=request.actor, agent_id=source.id)
+    except DomainError as exc:
+        return _error(request, exc.message)
+    if not is_htmx(request):
+        return redirect("ade:workspace", clone.id)
+    row = render(request, "ade/agents/_row.html", {"agent": clone, "fresh": True}).content.decode()
+    return HttpResponse(row + _flash(request, f"Cloned “{source.name}” as “{clone.name}”."))
+
+
+@ade_view
+def agent_delete(request: AdeRequest, agent_id: str) -> HttpResponse:
+    agent = agent_get(actor=request.actor, agent_id=agent_id)
+    if request.method != "POST":
+        template = "ade/agents/_delete_confirm.html" if is_htmx(request) else "ade/agents/delete.html"
+        return render(request, template, {"agent": agent})
+    agent_services.agent_delete_by_user(actor=request.actor, agent_id=agent.id)
+    if not is_htmx(request):
+        messages.success(request, f"Deleted “{agent.name}”.")
+        return redirect("ade:agent-list")
+    return HttpResponse(_flash(request, f"Deleted “{agent.name}”."))
+
+
+def _error(request: AdeRequest, message: str, status: int = 422) -> HttpResponse:
+    return error_response(request, message, status=status)
+
+
+# --- Agent Files ------------------------------------------------------------------------------------------
+
+
+def _file_name(name: str) -> str:
+    return (re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "agent") + ".af"
+
+
+@ade_view
+def agent_export(request: AdeRequest, agent_id: str) -> HttpResponse:
+    """The agent as a Letta Agent File: secrets leave with their keys only, never their values."""
+    agent = agent_get(actor=request.actor, agent_id=agent_id)
+    document = agent_file.agent_export(actor=request.actor, agent_id=agent.id)
+    response = HttpResponse(
+        json.dumps(document, indent=2, ensure_ascii=False), content_type="application/json"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{_file_name(agent.name)}"'
+    return response
+
+
+@ade_view
+def agent_import(request: AdeRequest) -> HttpResponse:
+    if request.method != "POST":
+        return redirect("ade:agent-list")
+    upload = request.FILES.get("file")
+    overwrite_tools = request.POST.get("override_existing_tools") == "on"
+    if overwrite_tools:
+        require_manage(request.actor)  # the organisation's shared tools would change
+    error = ""
+    imported: list[Any] = []
+    if upload is None:
+        error = "Choose an Agent File (.af) to import."
+    elif upload.size is not None and upload.size > AGENT_FILE_MAX_BYTES:
+        error = f"This file is too large to import (over {AGENT_FILE_MAX_BYTES // (1024 * 1024)} MB)."
+    else:
+        try:
+            parsed = agent_file.parse_agent_file(upload.read())
+            agent_ids = agent_file.agent_import(
+                actor=request.actor, file=parsed, override_existing_tools=overwrite_tools
+            )
+        except DomainError as exc:
+            error = exc.message
+        else:
+            imported = [agent_get(actor=request.actor, agent_id=i) for i in agent_ids]
+    if not is_htmx(request):
+        if error:
+            messages.error(request, error)
+        else:
+            messages.success(request, f"Imported “{imported[0].name}”.")
+        return redirect("ade:agent-list")
+    context = {"import_error": error, "imported": imported}
+    if imported:
+        context |= _list_context(request) | {"oob_results": True}
+    return render(request, "ade/agents/_import.html", context, status=422 if error else 200)
 
 
 urlpatterns = [
     path("agents/", agent_list, name="agent-list"),
+    path("agents/new/", agent_create, name="agent-create"),
+    path("agents/import/", agent_import, name="agent-import"),
+    path("agents/<str:agent_id>/row/", agent_row, name="agent-row"),
+    path("agents/<str:agent_id>/clone/", agent_clone, name="agent-clone"),
+    path("agents/<str:agent_id>/delete/", agent_delete, name="agent-delete"),
+    path("agents/<str:agent_id>/export/", agent_export, name="agent-export"),
 ]
