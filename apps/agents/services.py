@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
-from apps.agents.loop.convert import text_of
+from apps.agents.loop.convert import text_of, to_letta_messages
 from apps.agents.loop.events import EventSink
 from apps.agents.loop.runner import RunDeferred, TurnResult, Usage, execute_run, execute_run_streamed
 from apps.agents.models import (
@@ -28,7 +29,7 @@ from apps.agents.models import (
     StopReason,
 )
 from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
-from apps.agents.selectors import agent_block_get_by_label, agent_get
+from apps.agents.selectors import agent_block_get_by_label, agent_get, run_usage
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound, PermissionDenied
@@ -39,12 +40,14 @@ from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
 from apps.memory.models import AgentBlock, Block
 from apps.memory.selectors import block_get
 from apps.memory.services import UNSET
-from apps.streams.events import follow_events
+from apps.streams.events import StreamEvent, follow_events, read_events
 from apps.tools.builtin import BUILTIN_TOOLS, base_tool_names
 from apps.tools.models import Tool
 from apps.tools.rules import dump_tool_rules, parse_tool_rules
 from apps.tools.selectors import tool_get, tools_by_name
 from apps.tools.services import tool_upsert_builtins
+
+logger = logging.getLogger(__name__)
 
 AGENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9 _'\-]+$")
 DEFAULT_BLOCK_DESCRIPTIONS = {
@@ -469,29 +472,52 @@ class CollectedRun:
     finished: bool
 
 
+RUN_TERMINAL_STATUSES = (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
+COLLECT_POLL_MS = 200
+COLLECT_DB_CHECK_EVERY = 5
+"""While the stream is silent, the run's status is read from the database every 5 polls (1 s)."""
+COLLECT_TERMINAL_GRACE_POLLS = 2
+"""Silent polls to go on reading after the database says the run ended: a worker commits the run's end
+before it appends stop_reason, usage and run_end, and the events it appended just before the commit may
+arrive while this reader was between its stream read and its database check."""
+
+
 def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: float = 55.0) -> CollectedRun:
-    """Wait for a run's events (from `after`) until it ends or the timeout; gather its messages."""
+    """Wait for a run's events (from `after`) until it ends or the timeout; gather its messages.
+
+    A run that is over in the database but whose stream has nothing (expired, or its worker died before
+    writing) is answered from its stored messages and steps."""
     run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run with id '{run_id}' not found")
+    if run.status in RUN_TERMINAL_STATUSES and not read_events(run_id, after=after, count=1):
+        return _collected_from_database(actor=actor, run=run)
     messages: list[dict[str, Any]] = []
     stop_reason = usage = None
     finished = False
+    seen_events = False
+    cursor = after
 
     def terminal_in_db() -> bool:
         status = Run.objects.for_actor(actor).filter(id=run_id).values_list("status", flat=True).first()
-        return status in (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
+        return status in RUN_TERMINAL_STATUSES
 
-    idle_checks = 0
+    idle_checks = terminal_polls = 0
 
     def on_idle() -> bool:
-        nonlocal idle_checks
+        # A dead worker never writes its end event: end from the database, after a grace (see above).
+        nonlocal idle_checks, terminal_polls
         idle_checks += 1
-        return idle_checks % 5 == 0 and terminal_in_db()  # a dead worker never writes its end event
+        if not terminal_polls and idle_checks % COLLECT_DB_CHECK_EVERY:
+            return False
+        if not terminal_in_db():
+            return False
+        terminal_polls += 1
+        return terminal_polls > COLLECT_TERMINAL_GRACE_POLLS
 
-    for event in follow_events(run_id, after=after, timeout_s=timeout_s, poll_ms=200, on_idle=on_idle):
-        if event is None:
-            continue
+    def take(event: StreamEvent) -> None:
+        nonlocal stop_reason, usage, finished, seen_events, cursor
+        seen_events, cursor = True, event.cursor
         kind = event.data.get("message_type")
         if kind == "stop_reason":
             stop_reason = event.data
@@ -501,13 +527,56 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
             finished = True
         elif kind != "delta":
             messages.append(event.data)
+
+    events = follow_events(run_id, after=after, timeout_s=timeout_s, poll_ms=COLLECT_POLL_MS, on_idle=on_idle)
+    for event in events:
+        if event is not None:
+            take(event)
+    if not finished:  # ended from the database or by the timeout: whatever arrived meanwhile
+        for event in read_events(run_id, after=cursor):
+            take(event)
     run.refresh_from_db()
+    if not seen_events and run.status in RUN_TERMINAL_STATUSES:
+        logger.warning("agents.run_collect_from_database", extra={"run_id": run_id})
+        return _collected_from_database(actor=actor, run=run)
     return CollectedRun(
         run=run,
         messages=messages,
         stop_reason=stop_reason,
         usage=usage,
-        finished=finished or run.status in (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED),
+        finished=finished or run.status in RUN_TERMINAL_STATUSES,
+    )
+
+
+def _collected_from_database(*, actor: Actor, run: Run) -> CollectedRun:
+    """What a finished run produced, from its stored messages and steps (its event stream has nothing)."""
+    produced = (
+        Message.objects.for_actor(actor)
+        .filter(run_id=run.id)
+        .exclude(role__in=[Message.Role.USER, Message.Role.SYSTEM])
+        .exclude(step__isnull=True, role=Message.Role.APPROVAL)
+        .defer("embedding")
+        .order_by("sequence_id")
+    )
+    messages = [letta for message in produced for letta in to_letta_messages(message)]
+    totals = run_usage(actor=actor, run_id=run.id)
+    return CollectedRun(
+        run=run,
+        messages=messages,
+        stop_reason={
+            "message_type": "stop_reason",
+            "stop_reason": run.stop_reason
+            or ("cancelled" if run.status == Run.Status.CANCELLED else "error"),
+        },
+        usage={
+            "message_type": "usage_statistics",
+            "prompt_tokens": totals["prompt_tokens"],
+            "completion_tokens": totals["completion_tokens"],
+            "total_tokens": totals["total_tokens"],
+            "step_count": totals["step_count"],
+            "run_ids": [run.id],
+        },
+        finished=True,
     )
 
 
