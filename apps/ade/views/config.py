@@ -65,9 +65,7 @@ FIELDS: dict[str, Field] = {
     "name": Field("Name", "text"),
     "model": Field("Model", "picker"),
     "embedding": Field("Embedding model", "picker"),
-    "context_window_limit": Field(
-        "Context window limit (tokens)", "number", "Empty: the model's default window."
-    ),
+    "context_window_limit": Field("Context window", "number", "Tokens. Empty: the model's default."),
     "temperature": Field("Temperature", "number", "0 is focused and repeatable, 2 is most varied."),
     "system": Field("System prompt", "textarea"),
 }
