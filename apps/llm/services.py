@@ -59,7 +59,7 @@ def provider_create(
         _check_base_url(base_url)
     missing = provider_missing(provider_type=provider_type, api_key=api_key, base_url=base_url)
     if missing:
-        raise InvalidInput(f"A {Provider.Type(provider_type).label} provider needs {missing}.")
+        raise InvalidInput(f"{Provider.Type(provider_type).label} providers need {missing}.")
     providers = Provider.objects.for_actor(actor)
     if providers.filter(name=name).exists():
         raise Conflict(

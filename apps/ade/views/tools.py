@@ -109,7 +109,7 @@ def tool_list(request: AdeRequest) -> HttpResponse:
 
 def _editor_context(request: AdeRequest, tool: Tool | None, **extra: Any) -> dict[str, Any]:
     source = tool.source_code if tool else STARTER_SOURCE
-    schema, schema_error = (tool.json_schema, None) if tool else _schema_of(source)
+    schema, schema_error = (_readable(tool.json_schema), None) if tool else _schema_of(source)
     context = {
         "tool": tool,
         "kind": tool_kind(tool) if tool else "custom",
@@ -125,6 +125,12 @@ def _editor_context(request: AdeRequest, tool: Tool | None, **extra: Any) -> dic
         "return_char_limit": tool.return_char_limit if tool else DEFAULT_RETURN_CHAR_LIMIT,
     }
     return context | extra
+
+
+def _readable(schema: dict[str, Any]) -> dict[str, Any]:
+    """name, description, parameters first (jsonb stores keys in its own order)."""
+    first = {key: schema[key] for key in ("name", "description", "parameters") if key in schema}
+    return first | schema
 
 
 def _schema_of(source: str) -> tuple[dict[str, Any] | None, str | None]:
