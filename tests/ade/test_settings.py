@@ -190,7 +190,10 @@ def test_an_ollama_url_is_enough_and_shown(owner_client, actor):
             {"provider_type": "anthropic", "name": "anthropic", "api_key": ""},
             "Anthropic providers need an API key.",
         ),
-        ({"provider_type": "openai_compatible", "name": "vllm", "api_key": SECRET}, "providers need a base URL"),
+        (
+            {"provider_type": "openai_compatible", "name": "vllm", "api_key": SECRET},
+            "providers need a base URL",
+        ),
         ({"name": "my/openai"}, "without &#x27;/&#x27;"),
         ({"base_url": "ftp://example.com"}, "must be an http:// or https:// URL"),
         ({"provider_type": "bedrock"}, "Choose a provider type"),
