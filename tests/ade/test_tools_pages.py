@@ -119,7 +119,7 @@ def test_the_new_tool_page_has_the_ace_editor_a_starter_function_and_its_schema(
     assert 'name="source_code"' in body
     assert "def roll_dice(sides: int = 6, count: int = 1)" in body
     assert "&quot;sides&quot;: {" in body or '"sides": {' in body
-    assert 'hx-trigger="keyup changed delay:400ms"' in body
+    assert 'hx-trigger="keyup changed delay:400ms, input changed delay:400ms"' in body
 
 
 def test_the_schema_preview_shows_the_generated_schema(owner_client):

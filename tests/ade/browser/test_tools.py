@@ -129,3 +129,25 @@ def test_the_tool_list_searches_by_name(ade: Ade, screenshot) -> None:  # type: 
     page.wait_for_url("**/tools/")
     expect(page.locator("#flash")).to_contain_text("Tool 'add' deleted.")
     assert not Tool.objects.for_actor(ade.actor).filter(name="add").exists()
+
+
+def test_without_ace_the_textarea_is_the_editor_and_the_schema_still_follows(ade: Ade) -> None:
+    page = ade.page
+    page.route("**/django_ace/ace/ace.js", lambda route: route.abort())
+    page.goto(ade.url("/tools/new/"))
+    textarea = page.locator("#source_code")
+    expect(textarea).to_be_visible()
+    expect(page.locator("#source-editor")).to_be_hidden()
+
+    textarea.fill(INCOMPLETE)
+    expect(page.get_by_test_id("schema-error")).to_contain_text(
+        "parameter 'b' of tool 'add' is not described"
+    )
+    textarea.fill(
+        INCOMPLETE.replace("a: The first number.\n", "a: The first number.\n        b: The second.\n")
+    )
+    expect(page.get_by_test_id("schema-json")).to_contain_text('"description": "The second."')
+
+    page.get_by_test_id("save-tool").click()
+    page.wait_for_url("**/tools/tool-*/")
+    assert Tool.objects.for_actor(ade.actor).filter(name="add").exists()
