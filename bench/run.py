@@ -486,9 +486,21 @@ def main(argv: list[str]) -> int:
         "--profile", action="store_true", help="write a pyinstrument profile of a worker turn"
     )
     parser.add_argument(
+        "--worker-pool", default="prefork", help="Celery pool of the 2 workers: prefork (default) or threads"
+    )
+    parser.add_argument(
+        "--worker-concurrency", type=int, default=1, help="Celery concurrency of each worker (default 1)"
+    )
+    parser.add_argument(
+        "--web-db-pool",
+        default="16",
+        help="DATABASE_POOL_MAX_SIZE of the daphne process (default 16, as `make run`; 0: no pool, a new "
+        "connection per request)",
+    )
+    parser.add_argument(
         "--web-conn-max-age",
         default="0",
-        help="DATABASE_CONN_MAX_AGE of the daphne process (default 0; the platform's default, 300, leaks "
+        help="DATABASE_CONN_MAX_AGE of the daphne process without a pool (default 0; 300 leaks "
         "connections under daphne: see bench/RESULTS.md)",
     )
     args = parser.parse_args(argv)
@@ -518,14 +530,21 @@ def main(argv: list[str]) -> int:
             "quick": args.quick,
             **{k: v for k, v in cfg.items() if k != "throughput_turns"},
             "throughput_turns": {str(k): v for k, v in cfg["throughput_turns"].items()},
-            "workers": "2 x celery prefork, concurrency 1",
-            "web": f"daphne, 1 process, DATABASE_CONN_MAX_AGE={args.web_conn_max_age}",
+            "workers": f"2 x celery {args.worker_pool}, concurrency {args.worker_concurrency}",
+            "web": f"daphne, 1 process, DATABASE_POOL_MAX_SIZE={args.web_db_pool}"
+            + ("" if args.web_db_pool != "0" else f", DATABASE_CONN_MAX_AGE={args.web_conn_max_age}"),
         },
     }
     phases = ", ".join(p for p in PHASES if p in only)
     log(f"{os.cpu_count()} cores; phases: {phases}{' (quick)' if args.quick else ''}")
     tenant = Tenant()
-    platform = Platform(workers=2, worker_concurrency=1, web_conn_max_age=args.web_conn_max_age)
+    platform = Platform(
+        workers=2,
+        worker_concurrency=args.worker_concurrency,
+        worker_pool=args.worker_pool,
+        web_db_pool=args.web_db_pool,
+        web_conn_max_age=args.web_conn_max_age,
+    )
     try:
         measure(cfg, only, results, tenant, platform, profile=args.profile)
     except KeyboardInterrupt:

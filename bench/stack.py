@@ -92,7 +92,9 @@ class Platform:
     log_level: str = "WARNING"
     # Under daphne every request runs in a thread of its own, so Django's persistent connections
     # (DATABASE_CONN_MAX_AGE, 300 s by default) are never reused and pile up until PostgreSQL refuses
-    # new clients (see bench/RESULTS.md). 0 closes each request's connection when it ends.
+    # new clients (see bench/RESULTS.md). daphne gets a connection pool of this size, as `make run`
+    # gives it; "0": no pool, a new connection per request (web_conn_max_age then applies).
+    web_db_pool: str = "16"
     web_conn_max_age: str = "0"
     children: list[Child] = field(default_factory=list)
     web_port: int = 0
@@ -145,6 +147,7 @@ class Platform:
             "web",
             [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.web_port), "config.asgi:application"],
             DATABASE_CONN_MAX_AGE=self.web_conn_max_age,
+            DATABASE_POOL_MAX_SIZE=self.web_db_pool,
         )
         for index in range(self.workers):
             self._spawn(

@@ -86,6 +86,17 @@ DATABASES = {"default": env.db_url("DATABASE_URL")}
 # Persistent connections: a new PostgreSQL connection per request is what made Letta slow.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=300)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A connection pool (psycopg_pool) of at most this many connections instead: for the web process, where
+# under ASGI every request runs in a thread of its own, so persistent connections are never reused
+# (`make run` sets it for daphne from WEB_DATABASE_POOL_MAX_SIZE). 0: no pool.
+DATABASE_POOL_MAX_SIZE = env.int("DATABASE_POOL_MAX_SIZE", default=0)
+if DATABASE_POOL_MAX_SIZE > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # connections go back to the pool at the end of a request
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(2, DATABASE_POOL_MAX_SIZE),
+        "max_size": DATABASE_POOL_MAX_SIZE,
+        "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
+    }
 
 REDIS_URL = env.str("REDIS_URL")
 

@@ -124,9 +124,9 @@ def run_platform() -> int:
         ],
     }
     # Under ASGI every request runs in a thread of its own, so a persistent connection is never reused
-    # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process closes
-    # its connections after each request; workers keep theirs.
-    web_env = {**os.environ, "DATABASE_CONN_MAX_AGE": os.environ.get("WEB_DATABASE_CONN_MAX_AGE", "0")}
+    # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process takes
+    # its connections from a pool; workers keep theirs (persistent connections).
+    web_env = {**os.environ, "DATABASE_POOL_MAX_SIZE": os.environ.get("WEB_DATABASE_POOL_MAX_SIZE", "16")}
     children = {
         name: subprocess.Popen(cmd, cwd=ROOT, env=web_env if name == "web" else None)
         for name, cmd in commands.items()

@@ -65,7 +65,9 @@ def embed_messages(*, actor: Actor, messages: Iterable[Message], embedding_handl
         message
         for message in messages
         if message.organization_id == actor.organization_id
-        and message.embedding is None
+        # __dict__, not the attribute: a message loaded with .defer("embedding") counts as not embedded
+        # (touching the attribute would load it, one query per message)
+        and message.__dict__.get("embedding") is None
         and _embeddable(message)
     ]
     if not todo or not (embedding_handle or "").strip():

@@ -32,6 +32,7 @@ from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
 from apps.agents.selectors import agent_block_get_by_label, agent_get, run_usage
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
+from apps.core.db import release_pooled_connection
 from apps.core.errors import InvalidInput, NotFound, PermissionDenied
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
@@ -500,6 +501,7 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
 
     def terminal_in_db() -> bool:
         status = Run.objects.for_actor(actor).filter(id=run_id).values_list("status", flat=True).first()
+        release_pooled_connection()
         return status in RUN_TERMINAL_STATUSES
 
     idle_checks = terminal_polls = 0
@@ -528,6 +530,7 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
         elif kind != "delta":
             messages.append(event.data)
 
+    release_pooled_connection()
     events = follow_events(run_id, after=after, timeout_s=timeout_s, poll_ms=COLLECT_POLL_MS, on_idle=on_idle)
     for event in events:
         if event is not None:

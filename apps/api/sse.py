@@ -30,6 +30,7 @@ from apps.agents import selectors as agent_selectors
 from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Message, Run
 from apps.core.actor import Actor
+from apps.core.db import release_pooled_connection
 from apps.streams.events import START, follow_events, read_events
 
 logger = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class _TerminalWatch:
 
     def __call__(self) -> bool:
         status = agent_selectors.run_get(actor=self.actor, run_id=self.run_id).status
+        release_pooled_connection()
         if status not in agent_selectors.TERMINAL_RUN_STATUSES:
             self.silent_polls = 0
             return False
@@ -222,6 +224,7 @@ def _run_sse(
     last_output = time.monotonic()
     watch = _TerminalWatch(actor, run_id)
     timeout_s = timeout_s or FOLLOW_TIMEOUT_S
+    release_pooled_connection()  # a long stream holds no pooled connection while it waits
     for event in follow_events(run_id, after=START, timeout_s=timeout_s, poll_ms=POLL_MS, on_idle=watch):
         if event is None:
             if options.include_pings and time.monotonic() - last_output >= PING_INTERVAL_S:

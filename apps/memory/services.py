@@ -11,7 +11,7 @@ from django.db.models import F
 
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput
-from apps.memory.errors import BlockConcurrentUpdate, BlockTooLong, DuplicateBlockLabel
+from apps.memory.errors import BlockConcurrentUpdate, BlockNotFound, BlockTooLong, DuplicateBlockLabel
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
 from apps.memory.selectors import block_get
 
@@ -164,8 +164,11 @@ def block_delete(*, actor: Actor, block_id: str) -> None:
 
 
 def _lock_block(*, actor: Actor, block_id: str) -> Block:
-    block_get(actor=actor, block_id=block_id)  # raises BlockNotFound with the public message
-    return Block.objects.for_actor(actor).select_for_update().get(id=block_id)
+    """The block, row-locked; raises BlockNotFound (as block_get), in one query."""
+    block = Block.objects.for_actor(actor).select_for_update().filter(id=block_id).first()
+    if block is None:
+        raise BlockNotFound(f"Block with id '{block_id}' not found")
+    return block
 
 
 def _block_write(
