@@ -12,7 +12,14 @@ from django.test import Client
 from apps.accounts.models import User
 from apps.agents.models import Agent
 from apps.agents.selectors import agent_context_overview
-from apps.agents.services import BlockSpec, MessageIn, agent_create, agent_send_message, run_create
+from apps.agents.services import (
+    BlockSpec,
+    MessageIn,
+    agent_create,
+    agent_send_message,
+    conversation_create,
+    run_create,
+)
 from apps.core.actor import Actor
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
 from apps.memory import archival
@@ -421,3 +428,37 @@ def test_a_block_of_another_agent_in_the_same_organisation_is_not_editable_throu
     block.refresh_from_db()
     assert response.status_code == 404
     assert block.value == "Name: unknown"
+
+
+def test_the_context_of_another_agents_conversation_is_not_found(
+    signed_in: Client, agent: Agent, actor: Actor
+) -> None:
+    other = _make_agent(actor, name="Sibling")
+    conversation = conversation_create(actor=actor, agent_id=other.id)
+
+    response = signed_in.get(f"/agents/{agent.id}/memory/context/", {"conversation": conversation.id})
+
+    assert response.status_code == 404
+
+
+def test_the_context_of_a_conversation_counts_that_conversations_messages(
+    signed_in: Client, agent: Agent, actor: Actor, llm: ScriptedLLM
+) -> None:
+    conversation = conversation_create(actor=actor, agent_id=agent.id)
+    llm.push(llm.text("A long answer about mountains and valleys and rivers, " * 10))
+    agent_send_message(
+        actor=actor,
+        agent_id=agent.id,
+        conversation_id=conversation.id,
+        messages=[MessageIn(content="Tell me")],
+    )
+
+    default = _tokens(signed_in.get(f"/agents/{agent.id}/memory/context/").content.decode())
+    threaded = _tokens(
+        signed_in.get(
+            f"/agents/{agent.id}/memory/context/", {"conversation": conversation.id}
+        ).content.decode()
+    )
+
+    assert default["messages"] == 0
+    assert threaded["messages"] > 100

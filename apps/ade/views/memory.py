@@ -54,8 +54,13 @@ def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
     """What ade/workspace/_memory.html needs when the workspace page first renders."""
     return {
         "blocks": _blocks(request.actor, agent.id),
-        "context": _context_view(request.actor, agent.id),
+        "context": _context_view(request.actor, agent.id, _conversation_id(request)),
     }
+
+
+def _conversation_id(request: AdeRequest) -> str | None:
+    """The conversation the centre column shows (`?conversation=`), None for the agent's default one."""
+    return (request.GET.get("conversation") or "").strip() or None
 
 
 # --- context window ---------------------------------------------------------------------------------------
@@ -68,7 +73,7 @@ def context_window(request: AdeRequest, agent_id: str) -> HttpResponse:
     return render(
         request,
         "ade/workspace/memory/_context.html",
-        {"agent": agent, "context": _context_view(request.actor, agent.id)},
+        {"agent": agent, "context": _context_view(request.actor, agent.id, _conversation_id(request))},
     )
 
 
@@ -80,8 +85,10 @@ class ContextSection:
     percent: str  # of the window, for the bar's CSS width
 
 
-def _context_view(actor: Actor, agent_id: str) -> dict[str, Any]:
-    overview = agent_selectors.agent_context_overview(actor=actor, agent_id=agent_id)
+def _context_view(actor: Actor, agent_id: str, conversation_id: str | None) -> dict[str, Any]:
+    overview = agent_selectors.agent_context_overview(
+        actor=actor, agent_id=agent_id, conversation_id=conversation_id
+    )
     breakdown = overview.breakdown
     if breakdown is None:
         return {"error": overview.error, "model": overview.model}
@@ -388,14 +395,19 @@ def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -
 @ade_view
 @require_GET
 def recall_search(request: AdeRequest, agent_id: str) -> HttpResponse:
-    """Search the agent's messages with the conversation_search tool's own ranking (keywords + meaning)."""
+    """Search the messages of the conversation on screen with the conversation_search tool's own ranking
+    (keywords and meaning)."""
     actor = request.actor
     agent = agent_selectors.agent_get(actor=actor, agent_id=agent_id)
     q = (request.GET.get("q") or "").strip()
     context: dict[str, Any] = {"agent": agent, "q": q}
     try:
         context["results"] = recall.conversation_search(
-            actor=actor, agent_id=agent.id, query=q or None, limit=RECALL_LIMIT
+            actor=actor,
+            agent_id=agent.id,
+            conversation_id=_conversation_id(request),
+            query=q or None,
+            limit=RECALL_LIMIT,
         )
     except InvalidInput as exc:
         context["error"] = exc.message

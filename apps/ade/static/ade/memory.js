@@ -176,5 +176,16 @@
     }
   });
 
-  window.adeMemory = { refresh };
+  // The conversation the centre column shows: its in-context messages are what the next request holds.
+  function conversationId() {
+    const conversation = document.getElementById("conversation");
+    return (conversation && conversation.dataset.conversationId) || "";
+  }
+
+  // Switching conversations re-renders the centre column: the context window changes with it.
+  document.body.addEventListener("htmx:afterSwap", (event) => {
+    if (event.detail.target && event.detail.target.id === "conversation-column") schedule(0);
+  });
+
+  window.adeMemory = { refresh, conversationId };
 })();
