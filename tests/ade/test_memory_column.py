@@ -171,6 +171,7 @@ def test_history_shows_who_changed_what_as_a_diff_and_restore_brings_a_version_b
     history = signed_in.get(f"/agents/{agent.id}/memory/blocks/{block.id}/history/").content.decode()
 
     assert "Agent Helper" in history
+    assert "just now" in history
     assert "User alice" in history
     assert '<span class="d-del">- Likes tea</span>' in history
     assert '<span class="d-add">+ Likes green tea</span>' in history

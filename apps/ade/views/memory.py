@@ -18,6 +18,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import path
+from django.utils.timesince import timesince
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.ade.views.base import AdeRequest, ade_view
@@ -239,6 +240,11 @@ class HistoryEntry:
     editor: str
     diff: list[tuple[str, str]]
     is_current: bool
+
+    @property
+    def when(self) -> str:
+        ago = timesince(self.entry.created_at)
+        return "just now" if ago.startswith("0\xa0") else f"{ago} ago"
 
 
 def _history(actor: Actor, block: Block) -> list[HistoryEntry]:
