@@ -172,7 +172,7 @@ def test_a_pending_approval_shows_a_card_with_the_call_and_the_decision_form(cli
     assert 'data-testid="approval-form"' in body
     assert escape('"new_string": "Likes tea"') in body
     assert "Waiting for approval" in body
-    assert "A tool call awaits your decision." in body
+    assert 'data-role="approval-hint">A tool call awaits your decision.' in body  # shown, not hidden
 
 
 def test_approving_creates_a_run_carrying_the_approval_and_answers_its_live_turn(client_in, paused):

@@ -275,6 +275,8 @@
     form.querySelector("[data-action=stop]").hidden = !busy;
     const hint = form.querySelector("[data-role=run-hint]");
     if (hint) hint.hidden = !busy;
+    const approvalHint = form.querySelector("[data-role=approval-hint]");
+    if (approvalHint) approvalHint.hidden = busy || !document.querySelector("#timeline .approval-form");
     if (!busy && document.activeElement === document.body) form.querySelector("textarea").focus();
   }
 
@@ -335,8 +337,11 @@
     }
   });
 
+  // htmx:load is listened to directly: htmx.onLoad() registered from a DOMContentLoaded handler can miss
+  // htmx's own readiness and never fire.
+  document.addEventListener("htmx:load", (event) => init(event.detail.elt));
+
   function start() {
-    if (window.htmx) window.htmx.onLoad((node) => init(node));
     init(document);
     const box = timeline();
     if (box) box.scrollTop = box.scrollHeight;
