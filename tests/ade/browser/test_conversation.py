@@ -39,10 +39,16 @@ def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screensho
     agent = make_agent(ade)
     llm.push(text(REPLY, reasoning="The user wants a long answer.", chunk_delay=0.1))
     page = ade.page
-    logs: list[str] = []
-    page.on("console", lambda message: logs.append(message.text))
-    page.on("websocket", lambda ws: logs.append(f"ws {ws.url}"))
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
     page.goto(ade.url(f"/agents/{agent.id}/"))
+    page.evaluate(
+        """() => {
+            window.seen = {events: [], ends: []};
+            document.body.addEventListener("ade:run-event", (e) => window.seen.events.push(e.detail));
+            document.body.addEventListener("ade:run-end", (e) => window.seen.ends.push(e.detail));
+        }"""
+    )
 
     box = page.get_by_test_id("composer-text")
     box.fill("Tell me something")
@@ -64,17 +70,35 @@ def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screensho
     expect(page.locator(".turn .ev-user .bubble").last).to_have_text("Tell me something\nslowly")
     screenshot(page, "conversation-streaming")
 
+    # The socket drops mid-stream: the page reconnects from its last cursor, without gaps or repeats.
+    page.evaluate("() => { for (const entry of window.adeConversation.sockets.values()) entry.ws.close(); }")
+    expect(bubble).to_contain_text("watch it grow")
+    assert REPLY.startswith(bubble.inner_text())
+    assert len(sockets) == 2
+    assert "after=0-0" in sockets[0]
+    assert "after=0-0" not in sockets[1]  # resumed from the last event it saw
+
     expect(page.get_by_test_id("stop-reason")).to_have_text("Turn ended", timeout=20_000)
     expect(page.locator(".turn .ev-assistant .bubble").last).to_have_text(REPLY)
     expect(page.locator(".turn .ev-reasoning").last).to_contain_text("The user wants a long answer.")
     expect(page.get_by_test_id("usage")).to_contain_text("tokens")
     expect(page.get_by_test_id("composer-text")).to_be_enabled()
     expect(page.get_by_test_id("stop")).to_be_hidden()
-    assert Run.all_objects.get(agent=agent).status == Run.Status.COMPLETED
+    run = Run.all_objects.get(agent=agent)
+    assert run.status == Run.Status.COMPLETED
+    seen = page.evaluate("() => window.seen")
+    assert seen["ends"] == [{"run_id": run.id, "status": "completed", "stop_reason": "end_turn"}]
+    kinds = {e["event"]["message_type"] for e in seen["events"]}
+    assert {"delta", "reasoning_message", "assistant_message", "stop_reason", "usage_statistics"} <= kinds
+    assert {e["run_id"] for e in seen["events"]} == {run.id}
 
     page.reload()  # the history renders the same turn server-side
     expect(page.locator(".turn .ev-assistant .bubble").last).to_have_text(REPLY)
     expect(page.get_by_test_id("stop-reason")).to_have_text("Turn ended")
+    for width in (1280, 1920):
+        page.set_viewport_size({"width": width, "height": 900})
+        expect(page.get_by_test_id("send")).to_be_in_viewport()
+        screenshot(page, f"conversation-{width}")
 
 
 def test_approve_one_tool_call_and_deny_another(ade: Ade, llm, screenshot) -> None:  # type: ignore[no-untyped-def]
