@@ -4,6 +4,8 @@ conversations, cancelling; runs are executed in-process here (the browser tests 
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
@@ -391,3 +393,21 @@ def test_a_member_can_converse(client, org, make_user, make_agent):
     assert (
         htmx_post(client, reverse("ade:conversation-cancel", args=[agent.id, run.id]), {}).status_code == 200
     )
+
+
+def test_the_history_costs_the_same_queries_however_many_turns_it_shows(client_in, make_agent, send, llm):
+    agent = make_agent()
+
+    def queries_for_column() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert client_in.get(column_url(agent)).status_code == 200
+        return len(captured)
+
+    llm.push(text("one"))
+    send(agent, "first")
+    with_one_turn = queries_for_column()
+    for i in range(4):
+        llm.push(text(f"more {i}"))
+        send(agent, f"again {i}")
+
+    assert queries_for_column() == with_one_turn

@@ -210,7 +210,12 @@ def _conversation(request: AdeRequest, agent: Agent, source: Any) -> Conversatio
 
 
 def _history(
-    request: AdeRequest, agent: Agent, conversation: Conversation | None, *, before: str | None = None
+    request: AdeRequest,
+    agent: Agent,
+    conversation: Conversation | None,
+    *,
+    pending: Message | None,
+    before: str | None = None,
 ) -> tuple[list[Turn], bool, str | None]:
     """A page of turns (newest messages, oldest first), whether there are older ones, and the cursor."""
     qs = agent_message_list(
@@ -225,7 +230,6 @@ def _history(
     open_run_id = None
     if before:
         open_run_id = message_get(actor=request.actor, message_id=before).run_id
-    pending = pending_approval(agent=agent, conversation=conversation)
     turns = build_turns(
         actor=request.actor,
         messages=messages,
@@ -237,9 +241,12 @@ def _history(
 
 def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
     """What ade/workspace/_conversation.html needs when the workspace page first renders."""
-    conversation = _conversation(request, agent, request.GET)
-    turns, has_more, oldest_id = _history(request, agent, conversation)
+    return _column_context(request, agent, _conversation(request, agent, request.GET))
+
+
+def _column_context(request: AdeRequest, agent: Agent, conversation: Conversation | None) -> dict[str, Any]:
     pending = pending_approval(agent=agent, conversation=conversation)
+    turns, has_more, oldest_id = _history(request, agent, conversation, pending=pending)
     return {
         "conversation": conversation,
         "conversations": list(
@@ -257,10 +264,10 @@ def _workspace_url(agent: Agent, conversation: Conversation | None) -> str:
     return f"{url}?conversation={conversation.id}" if conversation else url
 
 
-def _column(request: AdeRequest, agent: Agent) -> HttpResponse:
-    context = {"agent": agent, **column_context(request, agent)}
+def _column(request: AdeRequest, agent: Agent, conversation: Conversation | None) -> HttpResponse:
+    context = {"agent": agent, **_column_context(request, agent, conversation)}
     response = render(request, "ade/workspace/_conversation.html", context)
-    response["HX-Push-Url"] = _workspace_url(agent, context["conversation"])
+    response["HX-Push-Url"] = _workspace_url(agent, conversation)
     return response
 
 
@@ -269,7 +276,7 @@ def _column(request: AdeRequest, agent: Agent) -> HttpResponse:
 def conversation_column(request: AdeRequest, agent_id: str) -> HttpResponse:
     """The whole column for another conversation (the switcher); the address bar keeps ?conversation=."""
     agent = agent_get(actor=request.actor, agent_id=agent_id)
-    return _column(request, agent)
+    return _column(request, agent, _conversation(request, agent, request.GET))
 
 
 @require_POST
@@ -278,9 +285,7 @@ def conversation_new(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     summary = (request.POST.get("summary") or "").strip()[:500]
     conversation = conversation_create(actor=request.actor, agent_id=agent.id, summary=summary)
-    request.GET = request.GET.copy()
-    request.GET["conversation"] = conversation.id
-    return _column(request, agent)
+    return _column(request, agent, conversation)
 
 
 @require_GET
@@ -292,7 +297,8 @@ def conversation_earlier(request: AdeRequest, agent_id: str) -> HttpResponse:
     before = request.GET.get("before") or ""
     if not before:
         raise NotFound("Which messages? 'before' is missing.")
-    turns, has_more, oldest_id = _history(request, agent, conversation, before=before)
+    pending = pending_approval(agent=agent, conversation=conversation)
+    turns, has_more, oldest_id = _history(request, agent, conversation, pending=pending, before=before)
     return render(
         request,
         "ade/workspace/conversation/_earlier.html",
