@@ -28,40 +28,14 @@ def _agent(ade: Ade) -> Agent:
     )
 
 
-# The workspace's event contract, as the conversation column implements it: every event of the run's
-# WebSocket relay as `ade:run-event`, then `ade:run-end`, dispatched on document.body.
-FOLLOW_RUN = """runId => new Promise(resolve => {
-  const ws = new WebSocket(`ws://${location.host}/ws/runs/${runId}/?after=0-0`);
-  const emit = (name, detail) => document.body.dispatchEvent(new CustomEvent(name, {detail}));
-  ws.onmessage = message => {
-    const data = JSON.parse(message.data);
-    if (!data.event) return;
-    if (data.event.message_type === "run_end") {
-      emit("ade:run-end", {run_id: runId, status: data.event.status, stop_reason: data.event.stop_reason});
-      ws.close();
-    } else {
-      emit("ade:run-event", {run_id: runId, event: data.event});
-    }
-  };
-  ws.onopen = () => resolve(true);
-})"""
-
-
 def _send(page: Any, text: str) -> str:
-    """Send through the conversation column's composer, as a person would; returns the run id.
-
-    The conversation column follows the run and tells the other columns about its events. Where it is
-    not following it (that column is still being built), the test relays the run's events itself, with
-    the same contract, so the memory column's own behaviour is what is tested here."""
+    """Send through the conversation column's composer, as a person would; returns the run id. The
+    conversation column follows the run and tells the memory column about its events."""
     page.get_by_test_id("composer-text").fill(text)
     page.get_by_test_id("send").click()
     turn = page.locator(".turn[data-run-id][data-live]").last
     expect(turn).to_be_attached()
-    run_id = turn.get_attribute("data-run-id")
-    followed = page.evaluate("id => Boolean(window.adeConversation?.sockets?.has(id))", run_id)
-    if not followed:
-        page.evaluate(FOLLOW_RUN, run_id)
-    return run_id
+    return turn.get_attribute("data-run-id")
 
 
 def _tokens(page: Any, section: str) -> int:
