@@ -14,6 +14,7 @@ from django.urls import path
 from apps.ade.views import config, conversation, memory
 from apps.ade.views.base import AdeRequest, ade_view
 from apps.agents.selectors import agent_state_get
+from apps.llm.selectors import llm_configured
 
 
 @ade_view
@@ -21,6 +22,7 @@ def agent_workspace(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_state_get(actor=request.actor, agent_id=agent_id)
     context = {
         "agent": agent,
+        "llm_configured": llm_configured(actor=request.actor),
         **config.column_context(request, agent),
         **conversation.column_context(request, agent),
         **memory.column_context(request, agent),
