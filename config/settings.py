@@ -57,6 +57,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: keeps the whole chain synchronous under ASGI (no thread hop per middleware; see its docstring).
+    "apps.core.middleware.SyncChainMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
