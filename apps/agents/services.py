@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of, to_letta_messages
@@ -41,7 +42,7 @@ from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
 from apps.memory.models import AgentBlock, Block
 from apps.memory.selectors import block_get
 from apps.memory.services import UNSET
-from apps.streams.events import StreamEvent, follow_events, read_events
+from apps.streams.events import StreamEvent, end_stream, follow_events, read_events
 from apps.tools.builtin import BUILTIN_TOOLS, base_tool_names
 from apps.tools.models import Tool
 from apps.tools.rules import dump_tool_rules, parse_tool_rules
@@ -440,9 +441,14 @@ def run_cancel(*, actor: Actor, run_id: str) -> Run:
     run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run with id '{run_id}' not found")
-    Run.objects.for_actor(actor).filter(
-        id=run_id, status__in=[Run.Status.CREATED, Run.Status.RUNNING]
-    ).update(status=Run.Status.CANCELLED, stop_reason=StopReason.CANCELLED)
+    runs = Run.objects.for_actor(actor).filter(id=run_id)
+    cancelled = dict(status=Run.Status.CANCELLED, stop_reason=StopReason.CANCELLED)
+    if runs.filter(status=Run.Status.CREATED).update(**cancelled, completed_at=timezone.now()):
+        # No worker will ever claim it, so none will close its stream: close it here, or a client
+        # following the run (SSE, the ADE's WebSocket) would wait for an end that never comes.
+        end_stream(run_id, status=Run.Status.CANCELLED, stop_reason=StopReason.CANCELLED)
+    else:
+        runs.filter(status=Run.Status.RUNNING).update(**cancelled)
     run.refresh_from_db()
     return run
 

@@ -6,6 +6,7 @@ import pytest
 
 from apps.agents.models import Message, Run, Step
 from apps.agents.services import MessageIn, agent_send_message, run_cancel, run_create
+from apps.streams.events import END_EVENT, read_events
 from apps.tools.models import Tool
 from tests.support.scripted_llm import error, text, tool_call, tool_calls
 
@@ -203,6 +204,20 @@ def test_a_cancelled_run_does_not_start(make_agent, actor, llm):
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
     assert llm.chat_requests() == []
+
+
+def test_cancelling_a_run_no_worker_has_claimed_closes_its_stream(make_agent, actor, llm):
+    """Nobody will ever execute it, so a client following its stream must get the end from the cancel."""
+    agent = make_agent()
+    run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="hi")], stream_tokens=True)
+
+    run_cancel(actor=actor, run_id=run.id)
+
+    events = [event.data for event in read_events(run.id)]
+    assert events[-1]["message_type"] == END_EVENT
+    assert (events[-1]["status"], events[-1]["stop_reason"]) == ("cancelled", "cancelled")
+    run.refresh_from_db()
+    assert run.completed_at is not None
 
 
 def test_an_unknown_model_handle_fails_the_run_clearly(make_agent, send, llm):
