@@ -1,9 +1,19 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("letta_django")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _preload_litellm(**_: object) -> None:
+    """Workers call providers on every step: import litellm (imported lazily elsewhere, see
+    apps/llm/_litellm.py) before the pool forks, so every child shares it instead of importing its own."""
+    from apps.llm._litellm import load
+
+    load()

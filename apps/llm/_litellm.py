@@ -11,19 +11,26 @@ gives it `litellm.client_session` as its httpx client when one is set. We set on
 finishes reading a server-sent-event stream after its `[DONE]` line: the OpenAI SDK's synchronous
 stream stops reading right there and closes the response, and an HTTP/1.1 response closed before its
 end costs its connection, so without this every streamed step would open a new (TLS) connection.
+
+Imported on first use: `litellm` here is a stand-in that imports and configures the real module the
+first time an attribute is read. litellm costs ~155 MiB of memory and ~2 s to import, and the web
+process, which imports the agent loop for its services, rarely calls a provider (the workers do);
+Celery workers load it before they fork (`load()` on `worker_init`, config/celery.py), so their
+children share it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 
 import httpx
-import litellm
-from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
 SSE_END = b"data: [DONE]"
 
@@ -65,12 +72,31 @@ class _SSEDrainingTransport(httpx.HTTPTransport):
         return response
 
 
-litellm.telemetry = False
-litellm.suppress_debug_info = True
-litellm.disable_hf_tokenizer_download = True
+_module: ModuleType | None = None
+_loading = threading.Lock()
+
+
+def load() -> ModuleType:
+    """litellm, imported and configured once (thread-safe: daphne runs requests in threads)."""
+    global _module
+    if _module is None:
+        with _loading:
+            if _module is None:
+                import litellm as module
+
+                module.telemetry = False
+                module.suppress_debug_info = True
+                module.disable_hf_tokenizer_download = True
+                if module.client_session is None:
+                    module.client_session = _new_http_client()
+                os.register_at_fork(after_in_child=_fresh_clients_after_fork)
+                _module = module
+    return _module
 
 
 def _new_http_client() -> httpx.Client:
+    from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
+
     return httpx.Client(
         transport=_SSEDrainingTransport(verify=get_ssl_configuration()), follow_redirects=True
     )
@@ -79,14 +105,23 @@ def _new_http_client() -> httpx.Client:
 def _fresh_clients_after_fork() -> None:
     """A forked child (a Celery prefork worker) must not share its parent's sockets or pool locks:
     give it its own HTTP client and drop litellm's cached provider clients built on the old one."""
-    litellm.client_session = _new_http_client()
-    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    module = load()
+    module.client_session = _new_http_client()
+    cache = getattr(module, "in_memory_llm_clients_cache", None)
     if cache is not None and hasattr(cache, "flush_cache"):
         cache.flush_cache()
 
 
-if litellm.client_session is None:
-    litellm.client_session = _new_http_client()
-os.register_at_fork(after_in_child=_fresh_clients_after_fork)
+class _LazyLitellm:
+    """Stands for the litellm module; the first attribute read imports it (see the module docstring)."""
 
-__all__ = ["litellm"]
+    def __getattr__(self, name: str) -> Any:
+        return getattr(load(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(load(), name, value)
+
+
+litellm: Any = _LazyLitellm()
+
+__all__ = ["litellm", "load"]
