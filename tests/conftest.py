@@ -2,12 +2,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
 from apps.accounts.models import Organization, User
 from apps.accounts.services import api_key_create
+from apps.agents.loop.events import ListSink
+from apps.agents.models import Agent
+from apps.agents.services import BlockSpec, MessageIn, agent_create, agent_send_message
 from apps.core.actor import Actor, Role
 from tests.factories import MembershipFactory, OrganizationFactory, UserFactory
 from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer
@@ -102,3 +106,39 @@ def celery_worker(
     worker = WorkerProcess("worker-a", worker_env(scripted_server.url), log_dir, concurrency=2).wait_ready()
     yield worker
     worker.stop()
+
+
+# --- agents ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_agent(actor: Actor, llm: ScriptedLLM) -> Callable[..., Agent]:
+    def make(**kwargs: Any) -> Agent:
+        kwargs.setdefault("name", "Assistant")
+        kwargs.setdefault("model", "openai/gpt-4o-mini")
+        kwargs.setdefault("embedding", "openai/text-embedding-3-small")
+        kwargs.setdefault(
+            "memory_blocks",
+            [
+                BlockSpec(label="human", value="Name: unknown", limit=2000),
+                BlockSpec(label="persona", value="I am a helpful assistant.", limit=2000),
+            ],
+        )
+        return agent_create(actor=actor, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def send(actor: Actor) -> Callable[..., Any]:
+    """Send as the user and run the turn now; returns (TurnResult, events)."""
+
+    def do(agent: Agent, text: str | None = None, **inputs: Any) -> Any:
+        sink = ListSink()
+        if text is not None:
+            inputs["messages"] = [MessageIn(content=text)]
+        result = agent_send_message(actor=actor, agent_id=agent.id, sink=sink, **inputs)
+        result.events = sink.events
+        return result
+
+    return do

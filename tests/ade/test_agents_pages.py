@@ -29,12 +29,6 @@ def lookup_order(order_id: str) -> str:
 
 
 @pytest.fixture
-def owner_client(client: Client, user: User) -> Client:
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def make(actor: Actor) -> Callable[..., Agent]:
     def create(name: str, **kwargs: Any) -> Agent:
         kwargs.setdefault("model", "openai/scripted-chat")

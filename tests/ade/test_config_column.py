@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from apps.accounts.models import User
 from apps.agents.models import Agent
 from apps.agents.services import agent_create
 from apps.core.actor import Actor
@@ -23,12 +22,6 @@ def lookup_order(order_id: str) -> str:
     """
     return order_id
 '''
-
-
-@pytest.fixture
-def owner_client(client: Client, user: User) -> Client:
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -11,10 +11,7 @@ from django.utils.html import escape
 
 from apps.agents.models import Message, Run
 from apps.agents.services import (
-    BlockSpec,
     MessageIn,
-    agent_create,
-    agent_send_message,
     conversation_create,
     run_create,
 )
@@ -25,41 +22,6 @@ from tests.support.scripted_llm import text, tool_call, tool_calls
 pytestmark = pytest.mark.django_db
 
 APPROVAL_RULES = [{"type": "requires_approval", "tool_name": "memory_insert"}]
-
-
-@pytest.fixture
-def make_agent(actor, llm):
-    def make(**kwargs):
-        kwargs.setdefault("name", "Assistant")
-        kwargs.setdefault("model", "openai/gpt-4o-mini")
-        kwargs.setdefault(
-            "memory_blocks",
-            [
-                BlockSpec(label="human", value="Name: unknown", limit=2000),
-                BlockSpec(label="persona", value="I am a helpful assistant.", limit=2000),
-            ],
-        )
-        return agent_create(actor=actor, **kwargs)
-
-    return make
-
-
-@pytest.fixture
-def send(actor):
-    """A whole turn, executed in this process (as a worker would)."""
-
-    def do(agent, text=None, **inputs):
-        if text is not None:
-            inputs["messages"] = [MessageIn(content=text)]
-        return agent_send_message(actor=actor, agent_id=agent.id, **inputs)
-
-    return do
-
-
-@pytest.fixture
-def client_in(client, user):
-    client.force_login(user)
-    return client
 
 
 def column_url(agent, **params):
@@ -87,7 +49,7 @@ def paused(make_agent, send, llm):
 
 
 def test_the_workspace_shows_the_history_with_reasoning_tool_calls_and_the_stop_reason(
-    client_in,
+    owner_client,
     make_agent,
     send,
     llm,
@@ -102,7 +64,7 @@ def test_the_workspace_shows_the_history_with_reasoning_tool_calls_and_the_stop_
     )
     result = send(agent, "Hi, I am Ada")
 
-    page = client_in.get(reverse("ade:workspace", args=[agent.id])).content.decode()
+    page = owner_client.get(reverse("ade:workspace", args=[agent.id])).content.decode()
 
     assert "Hi, I am Ada" in page
     assert "The user told me their name." in page
@@ -117,7 +79,7 @@ def test_the_workspace_shows_the_history_with_reasoning_tool_calls_and_the_stop_
 
 
 def test_sending_creates_a_streaming_run_and_answers_a_live_turn_with_its_id(
-    client_in,
+    owner_client,
     make_agent,
     django_capture_on_commit_callbacks,
 ):
@@ -125,7 +87,7 @@ def test_sending_creates_a_streaming_run_and_answers_a_live_turn_with_its_id(
 
     with django_capture_on_commit_callbacks() as submitted:
         response = htmx_post(
-            client_in,
+            owner_client,
             reverse("ade:conversation-send", args=[agent.id]),
             {"text": "What's up?", "role": "user"},
         )
@@ -142,11 +104,11 @@ def test_sending_creates_a_streaming_run_and_answers_a_live_turn_with_its_id(
     assert Message.all_objects.get(run=run).role == "user"
 
 
-def test_a_system_event_is_sent_as_a_system_message(client_in, make_agent):
+def test_a_system_event_is_sent_as_a_system_message(owner_client, make_agent):
     agent = make_agent()
 
     response = htmx_post(
-        client_in,
+        owner_client,
         reverse("ade:conversation-send", args=[agent.id]),
         {"text": "The user's calendar changed.", "role": "system"},
     )
@@ -156,10 +118,10 @@ def test_a_system_event_is_sent_as_a_system_message(client_in, make_agent):
     assert "System event" in response.content.decode()
 
 
-def test_an_empty_message_is_refused_with_a_notice(client_in, make_agent):
+def test_an_empty_message_is_refused_with_a_notice(owner_client, make_agent):
     agent = make_agent()
 
-    response = htmx_post(client_in, reverse("ade:conversation-send", args=[agent.id]), {"text": "   "})
+    response = htmx_post(owner_client, reverse("ade:conversation-send", args=[agent.id]), {"text": "   "})
 
     assert response.status_code == 422
     assert response["HX-Retarget"] == "#composer-notice"
@@ -167,8 +129,8 @@ def test_an_empty_message_is_refused_with_a_notice(client_in, make_agent):
     assert not Run.all_objects.filter(agent=agent).exists()
 
 
-def test_a_pending_approval_shows_a_card_with_the_call_and_the_decision_form(client_in, paused):
-    body = client_in.get(column_url(paused)).content.decode()
+def test_a_pending_approval_shows_a_card_with_the_call_and_the_decision_form(owner_client, paused):
+    body = owner_client.get(column_url(paused)).content.decode()
 
     assert "Approval needed" in body
     assert 'data-testid="approval-form"' in body
@@ -177,11 +139,11 @@ def test_a_pending_approval_shows_a_card_with_the_call_and_the_decision_form(cli
     assert 'data-role="approval-hint">A tool call awaits your decision.' in body  # shown, not hidden
 
 
-def test_approving_creates_a_run_carrying_the_approval_and_answers_its_live_turn(client_in, paused):
+def test_approving_creates_a_run_carrying_the_approval_and_answers_its_live_turn(owner_client, paused):
     request = Message.all_objects.get(agent=paused, role="approval")
 
     response = htmx_post(
-        client_in,
+        owner_client,
         reverse("ade:conversation-approve", args=[paused.id]),
         {"request_id": request.id, "decision": "approve", "reason": "ignored when approving"},
     )
@@ -199,11 +161,11 @@ def test_approving_creates_a_run_carrying_the_approval_and_answers_its_live_turn
     assert "Decision sent." in body
 
 
-def test_denying_sends_the_reason(client_in, paused):
+def test_denying_sends_the_reason(owner_client, paused):
     request = Message.all_objects.get(agent=paused, role="approval")
 
     response = htmx_post(
-        client_in,
+        owner_client,
         reverse("ade:conversation-approve", args=[paused.id]),
         {"request_id": request.id, "decision": "deny", "reason": "Not now"},
     )
@@ -215,9 +177,9 @@ def test_denying_sends_the_reason(client_in, paused):
     assert "Not now" in response.content.decode()
 
 
-def test_a_decision_for_a_request_no_longer_pending_is_refused(client_in, paused):
+def test_a_decision_for_a_request_no_longer_pending_is_refused(owner_client, paused):
     response = htmx_post(
-        client_in,
+        owner_client,
         reverse("ade:conversation-approve", args=[paused.id]),
         {"request_id": "message-stale", "decision": "approve"},
     )
@@ -226,8 +188,8 @@ def test_a_decision_for_a_request_no_longer_pending_is_refused(client_in, paused
     assert "already decided" in response.content.decode()
 
 
-def test_a_new_message_while_an_approval_is_pending_says_what_to_do(client_in, paused):
-    response = htmx_post(client_in, reverse("ade:conversation-send", args=[paused.id]), {"text": "hello?"})
+def test_a_new_message_while_an_approval_is_pending_says_what_to_do(owner_client, paused):
+    response = htmx_post(owner_client, reverse("ade:conversation-send", args=[paused.id]), {"text": "hello?"})
 
     assert response.status_code == 409
     assert response["HX-Retarget"] == "#composer-notice"
@@ -236,7 +198,7 @@ def test_a_new_message_while_an_approval_is_pending_says_what_to_do(client_in, p
 
 
 def test_switching_conversation_shows_only_its_messages_and_keeps_it_in_the_address(
-    client_in,
+    owner_client,
     make_agent,
     send,
     llm,
@@ -248,7 +210,7 @@ def test_switching_conversation_shows_only_its_messages_and_keeps_it_in_the_addr
     thread = conversation_create(actor=actor, agent_id=agent.id, summary="Trip planning")
     send(agent, "in the trip thread", conversation_id=thread.id)
 
-    response = client_in.get(column_url(agent, conversation=thread.id), HTTP_HX_REQUEST="true")
+    response = owner_client.get(column_url(agent, conversation=thread.id), HTTP_HX_REQUEST="true")
     body = response.content.decode()
 
     assert "thread answer" in body
@@ -256,19 +218,19 @@ def test_switching_conversation_shows_only_its_messages_and_keeps_it_in_the_addr
     assert response["HX-Push-Url"] == reverse("ade:workspace", args=[agent.id]) + f"?conversation={thread.id}"
     assert f'value="{thread.id}" selected' in body
     assert f'name="conversation" value="{thread.id}"' in body  # the send box posts into this thread
-    default = client_in.get(reverse("ade:workspace", args=[agent.id])).content.decode()
+    default = owner_client.get(reverse("ade:workspace", args=[agent.id])).content.decode()
     assert "default answer" in default
     assert "thread answer" not in default
-    page = client_in.get(reverse("ade:workspace", args=[agent.id]) + f"?conversation={thread.id}")
+    page = owner_client.get(reverse("ade:workspace", args=[agent.id]) + f"?conversation={thread.id}")
     assert "thread answer" in page.content.decode()
 
 
-def test_sending_into_a_conversation_runs_there(client_in, make_agent, actor):
+def test_sending_into_a_conversation_runs_there(owner_client, make_agent, actor):
     agent = make_agent()
     thread = conversation_create(actor=actor, agent_id=agent.id)
 
     htmx_post(
-        client_in,
+        owner_client,
         reverse("ade:conversation-send", args=[agent.id]),
         {"text": "hi", "conversation": thread.id},
     )
@@ -276,35 +238,35 @@ def test_sending_into_a_conversation_runs_there(client_in, make_agent, actor):
     assert Run.all_objects.get(agent=agent).conversation_id == thread.id
 
 
-def test_new_conversation_creates_one_and_switches_to_it(client_in, make_agent):
+def test_new_conversation_creates_one_and_switches_to_it(owner_client, make_agent):
     agent = make_agent()
 
-    response = htmx_post(client_in, reverse("ade:conversation-new", args=[agent.id]), {})
+    response = htmx_post(owner_client, reverse("ade:conversation-new", args=[agent.id]), {})
 
     thread = agent.conversations.get()
     assert response["HX-Push-Url"].endswith(f"?conversation={thread.id}")
     assert "No messages yet" in response.content.decode()
 
 
-def test_cancel_stops_an_active_run(client_in, make_agent, actor):
+def test_cancel_stops_an_active_run(owner_client, make_agent, actor):
     agent = make_agent()
     run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="long task")])
 
-    response = htmx_post(client_in, reverse("ade:conversation-cancel", args=[agent.id, run.id]), {})
+    response = htmx_post(owner_client, reverse("ade:conversation-cancel", args=[agent.id, run.id]), {})
 
     run.refresh_from_db()
     assert run.status == Run.Status.CANCELLED
     assert "Cancelling" in response.content.decode()
-    turn = client_in.get(reverse("ade:conversation-turn", args=[agent.id, run.id])).content.decode()
+    turn = owner_client.get(reverse("ade:conversation-turn", args=[agent.id, run.id])).content.decode()
     assert "data-live" not in turn
     assert "Cancelled" in turn
 
 
-def test_an_active_run_renders_as_a_live_turn_with_only_its_input(client_in, make_agent, actor):
+def test_an_active_run_renders_as_a_live_turn_with_only_its_input(owner_client, make_agent, actor):
     agent = make_agent()
     run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="still going")])
 
-    body = client_in.get(column_url(agent)).content.decode()
+    body = owner_client.get(column_url(agent)).content.decode()
 
     assert f'data-run-id="{run.id}"' in body
     assert 'data-live="1"' in body
@@ -313,7 +275,7 @@ def test_an_active_run_renders_as_a_live_turn_with_only_its_input(client_in, mak
 
 
 def test_older_messages_load_on_demand_without_repeating(
-    client_in,
+    owner_client,
     make_agent,
     send,
     llm,
@@ -327,14 +289,14 @@ def test_older_messages_load_on_demand_without_repeating(
         llm.push(text(f"answer {i}"))
         send(agent, f"question {i}")
 
-    first = client_in.get(column_url(agent)).content.decode()
+    first = owner_client.get(column_url(agent)).content.decode()
     assert "question 2" in first
     assert "answer 3" in first
     assert "question 1" not in first
     assert 'data-testid="load-earlier"' in first
     oldest = Message.all_objects.get(agent=agent, text="question 2")
 
-    earlier = client_in.get(
+    earlier = owner_client.get(
         reverse("ade:conversation-earlier", args=[agent.id]) + f"?before={oldest.id}"
     ).content.decode()
 
@@ -345,7 +307,7 @@ def test_older_messages_load_on_demand_without_repeating(
 
 
 def test_another_organisations_agent_run_and_conversation_are_not_found(
-    client_in,
+    owner_client,
     other_org,
     other_org_actor,
     make_agent,
@@ -371,7 +333,7 @@ def test_another_organisations_agent_run_and_conversation_are_not_found(
         ("post", reverse("ade:conversation-cancel", args=[mine.id, their_run.id])),
     ]
     for method, url in urls:
-        response = getattr(client_in, method)(url, {"text": "hi", "conversation": their_thread.id})
+        response = getattr(owner_client, method)(url, {"text": "hi", "conversation": their_thread.id})
         assert response.status_code == 404, url
     their_run.refresh_from_db()
     assert their_run.status == Run.Status.CREATED
@@ -395,12 +357,12 @@ def test_a_member_can_converse(client, org, make_user, make_agent):
     )
 
 
-def test_the_history_costs_the_same_queries_however_many_turns_it_shows(client_in, make_agent, send, llm):
+def test_the_history_costs_the_same_queries_however_many_turns_it_shows(owner_client, make_agent, send, llm):
     agent = make_agent()
 
     def queries_for_column() -> int:
         with CaptureQueriesContext(connection) as captured:
-            assert client_in.get(column_url(agent)).status_code == 200
+            assert owner_client.get(column_url(agent)).status_code == 200
         return len(captured)
 
     llm.push(text("one"))

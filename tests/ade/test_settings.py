@@ -28,12 +28,6 @@ def no_deployment_llm(settings):  # type: ignore[no-untyped-def]
     return settings
 
 
-@pytest.fixture
-def owner_client(client, user):  # type: ignore[no-untyped-def]
-    client.force_login(user)
-    return client
-
-
 def client_for(user: User):  # type: ignore[no-untyped-def]
     from django.test import Client
 

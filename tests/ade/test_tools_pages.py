@@ -37,12 +37,6 @@ FAILING = '''def explode(reason: str) -> str:
 
 
 @pytest.fixture
-def owner_client(client, user):  # type: ignore[no-untyped-def]
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def local_sandbox(settings):  # type: ignore[no-untyped-def]
     """Runs go to the local subprocess sandbox (fast, no engine needed; Docker has its own tests)."""
     settings.SANDBOX_BACKEND = "local"

@@ -13,7 +13,6 @@ import pytest
 
 from apps.sandbox import docker_sandbox
 from apps.sandbox.docker_sandbox import LABEL_PID, docker_available, get_client
-from tests.agents.conftest import make_agent, send  # noqa: F401  (the agent-loop test reuses them)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_IMAGE = os.environ.get("SANDBOX_TEST_IMAGE", "letta-sandbox-base:py3")

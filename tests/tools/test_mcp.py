@@ -31,7 +31,6 @@ from apps.tools.mcp import (
     run_mcp_tool,
 )
 from apps.tools.models import MCPServer, Tool
-from tests.agents.conftest import make_agent, send  # noqa: F401 (fixtures for the loop tests)
 from tests.factories import ToolFactory
 from tests.support.mcp_server import SCRIPT, McpHttpServer, free_port
 from tests.support.scripted_llm import text, tool_call, tool_calls
@@ -375,7 +374,7 @@ def test_another_organisations_server_is_not_used(actor, other_org_actor):
 # --- through the real agent loop ----------------------------------------------------------------------------
 
 
-def test_the_agent_calls_an_mcp_tool_and_reads_its_return(actor, make_agent, send, llm):  # noqa: F811
+def test_the_agent_calls_an_mcp_tool_and_reads_its_return(actor, make_agent, send, llm):
     server = stdio_server(actor)
     tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
     agent = make_agent(tool_ids=[tool.id])
@@ -393,7 +392,7 @@ def test_the_agent_calls_an_mcp_tool_and_reads_its_return(actor, make_agent, sen
     assert any(t["function"]["name"] == "add" for t in llm.chat_requests()[0]["tools"])
 
 
-def test_an_mcp_error_result_reaches_the_model_as_an_error(actor, make_agent, send, llm):  # noqa: F811
+def test_an_mcp_error_result_reaches_the_model_as_an_error(actor, make_agent, send, llm):
     server = stdio_server(actor)
     tool = mcp_tool_register(actor=actor, server=server, tool_name="fail")
     agent = make_agent(tool_ids=[tool.id])
@@ -410,7 +409,7 @@ def test_an_mcp_error_result_reaches_the_model_as_an_error(actor, make_agent, se
     assert result.stop_reason == "end_turn"
 
 
-def test_a_dead_server_gives_the_model_an_error_and_the_run_completes(actor, make_agent, send, llm):  # noqa: F811
+def test_a_dead_server_gives_the_model_an_error_and_the_run_completes(actor, make_agent, send, llm):
     server = stdio_server(actor)
     tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
     MCPServer.objects.for_actor(actor).filter(id=server.id).update(command="/nonexistent/mcp-server")

@@ -174,7 +174,8 @@ def test_adding_and_searching_archival_passages(ade: Ade, llm: ScriptedLLM, scre
     passages_before = _tokens(page, "metadata")
 
     for text, tags in (("Ada's cat is called Pixel", "pets, family"), ("The report is due in March", "work")):
-        page.get_by_test_id("archival-panel").get_by_text("Add a passage").click()  # re-rendered after each save
+        # The form is re-rendered after each save: open it again.
+        page.get_by_test_id("archival-panel").get_by_text("Add a passage").click()
         form = page.get_by_test_id("archival-add")
         form.locator("textarea[name=text]").fill(text)
         form.locator("input[name=tags]").fill(tags)
