@@ -36,19 +36,27 @@ class StreamEvent:
 
 
 def append_event(run_id: str, event: dict[str, Any]) -> str:
-    client = get_redis()
+    return append_events(run_id, [event])[-1]
+
+
+def append_events(run_id: str, events: list[dict[str, Any]]) -> list[str]:
+    """Append events in order, in one round trip (one pipeline: the XADDs, then the TTL refresh)."""
+    if not events:
+        return []
     key = stream_key(run_id)
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(key, {"data": json.dumps(event, default=str)}, maxlen=STREAM_MAX_EVENTS, approximate=True)
+    pipe = get_redis().pipeline(transaction=False)
+    for event in events:
+        pipe.xadd(key, {"data": json.dumps(event, default=str)}, maxlen=STREAM_MAX_EVENTS, approximate=True)
     pipe.expire(key, STREAM_TTL_SECONDS)
-    entry_id, _ = pipe.execute()
-    return str(entry_id)
+    return [str(entry_id) for entry_id in pipe.execute()[:-1]]
+
+
+def end_event(run_id: str, *, status: str, stop_reason: str) -> dict[str, Any]:
+    return {"message_type": END_EVENT, "run_id": run_id, "status": status, "stop_reason": stop_reason}
 
 
 def end_stream(run_id: str, *, status: str, stop_reason: str) -> str:
-    return append_event(
-        run_id, {"message_type": END_EVENT, "run_id": run_id, "status": status, "stop_reason": stop_reason}
-    )
+    return append_event(run_id, end_event(run_id, status=status, stop_reason=stop_reason))
 
 
 def read_events(
@@ -93,10 +101,19 @@ def follow_events(
 
 
 class RedisStreamSink:
-    """The loop's EventSink for runs executed by workers."""
+    """The loop's EventSink for runs executed by workers: events go to the run's stream as they come;
+    `finish` appends the run's last events and the end event together."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        self.ended = False
 
     def emit(self, event: dict[str, Any]) -> None:
         append_event(self.run_id, event)
+
+    def emit_many(self, events: list[dict[str, Any]]) -> None:
+        append_events(self.run_id, events)
+
+    def finish(self, events: list[dict[str, Any]], *, status: str, stop_reason: str) -> None:
+        append_events(self.run_id, [*events, end_event(self.run_id, status=status, stop_reason=stop_reason)])
+        self.ended = True

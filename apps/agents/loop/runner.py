@@ -823,8 +823,7 @@ def _save_in_context(state: LoopState) -> None:
 
 
 def _emit_message(state: LoopState, message: Message) -> None:
-    for event in to_letta_messages(message):
-        state.sink.emit(event)
+    state.sink.emit_many(to_letta_messages(message))
 
 
 def _raise_if_cancelled(state: LoopState, pending: tuple[Step, list[Message]] | None = None) -> None:
@@ -942,22 +941,12 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.error = {"message": error or reason}
     if error:
         run.metadata = {**run.metadata, "error": error}
-    with transaction.atomic():
-        Run.all_objects.filter(id=run.id).exclude(status=Run.Status.CANCELLED).update(
-            status=run.status,
-            stop_reason=reason,
-            completed_at=now,
-            total_duration_ns=run.total_duration_ns,
-            error=run.error,
-            metadata=run.metadata,
-        )
-        Agent.all_objects.filter(id=state.agent.id).update(
-            last_run_completion=now,
-            last_stop_reason=reason,
-            last_run_duration_ms=run.total_duration_ns // 1_000_000,
-        )
-    state.sink.emit({"message_type": "stop_reason", "stop_reason": reason})
-    state.sink.emit(state.usage.as_dict(run.id))
+    _save_finished(run, state.agent.id)
+    state.sink.finish(
+        [{"message_type": "stop_reason", "stop_reason": reason}, state.usage.as_dict(run.id)],
+        status=run.status,
+        stop_reason=reason,
+    )
     if run.status == Run.Status.COMPLETED and count_primary_turn(state.agent):
         _start_sleeptime(state.agent.id)
     return TurnResult(
@@ -968,6 +957,45 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         to_embed=[*state.inputs, *state.produced],
         embedding_handle=state.agent.embedding,
     )
+
+
+def _save_finished(run: Run, agent_id: str) -> None:
+    """The run's terminal state and the agent's last-run fields in one statement (a data-modifying CTE:
+    one round trip, atomic without a transaction block). A cancelled run keeps its status: the user's
+    cancel wins over the loop's own ending."""
+    run_field, agent_field = Run._meta.get_field, Agent._meta.get_field
+    run_values = {
+        "status": run.status,
+        "stop_reason": run.stop_reason,
+        "completed_at": run.completed_at,
+        "total_duration_ns": run.total_duration_ns,
+        "error": run.error,
+        "metadata": run.metadata,
+    }
+    agent_values = {
+        "last_run_completion": run.completed_at,
+        "last_stop_reason": run.stop_reason,
+        "last_run_duration_ms": (run.total_duration_ns or 0) // 1_000_000,
+    }
+    run_set = ", ".join(f"{run_field(name).column} = %s" for name in run_values)
+    agent_set = ", ".join(f"{agent_field(name).column} = %s" for name in agent_values)
+    params = [
+        *(run_field(name).get_db_prep_save(value, connection) for name, value in run_values.items()),
+        run.id,
+        Run.Status.CANCELLED,
+        *(agent_field(name).get_db_prep_save(value, connection) for name, value in agent_values.items()),
+        agent_id,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH finished AS (
+                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s
+            )
+            UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
+            """,
+            params,
+        )
 
 
 def _start_sleeptime(primary_agent_id: str) -> None:
@@ -991,8 +1019,10 @@ def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:
 
 def execute_run_streamed(run_id: str) -> TurnResult | None:
     """execute_run with its events in the run's Redis stream, closed by an end event."""
-    result = execute_run(run_id, sink=RedisStreamSink(run_id), defer_embeddings=True)
+    sink = RedisStreamSink(run_id)
+    result = execute_run(run_id, sink=sink, defer_embeddings=True)
     if result is not None:
-        end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
+        if not sink.ended:  # a run that failed before it started has no closing events yet
+            end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
         embed_for_recall(result)
     return result
