@@ -7,7 +7,7 @@ from django.http import HttpRequest
 
 from apps.accounts.admin_base import OrgScopedAdmin, admin_actor
 from apps.memory import services
-from apps.memory.models import Archive, Block, BlockHistory, Passage
+from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Block, BlockHistory, Passage
 
 BLOCK_EDITABLE = [
     "label",
@@ -86,8 +86,32 @@ class BlockHistoryAdmin(OrgScopedAdmin):
         return False
 
 
+class _TriggerKeptInline(admin.TabularInline):
+    """Counts the passage triggers keep (apps/memory/models.py): shown, never edited."""
+
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ArchiveStatsInline(_TriggerKeptInline):
+    model = ArchiveStats
+    fields = ["passage_count"]
+
+
+class ArchiveTagInline(_TriggerKeptInline):
+    model = ArchiveTag
+    fields = ["tag", "passage_count"]
+
+
 @admin.register(Archive)
 class ArchiveAdmin(OrgScopedAdmin):
+    inlines = [ArchiveStatsInline, ArchiveTagInline]
     list_display = [
         "name",
         "id",

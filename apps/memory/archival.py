@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Literal
 
 from django.apps import apps as django_apps
-from django.db import connection, models, transaction
-from django.db.models import F, Func, QuerySet
+from django.db import connection, transaction
+from django.db.models import QuerySet, Sum
 from pgvector.django import CosineDistance
 
 from apps.core.actor import Actor
@@ -27,7 +27,7 @@ from apps.core.errors import InvalidInput, NotFound
 from apps.llm.embeddings import embed
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import EmbeddingTarget, resolve_embedding
-from apps.memory.models import Archive, Passage, vector_index_expression
+from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Passage, vector_index_expression
 
 logger = logging.getLogger(__name__)
 
@@ -263,11 +263,10 @@ def passage_delete(*, actor: Actor, passage_id: str, archive_ids: Sequence[str] 
 
 def archival_tags(*, actor: Actor, archive_ids: Sequence[str]) -> list[str]:
     """Every distinct tag used in the archives, sorted (for the system message's memory metadata)."""
-    unnest = Func(F("tags"), function="unnest", output_field=models.CharField())
     return list(
-        Passage.objects.for_actor(actor)
-        .filter(archive_id__in=list(archive_ids))
-        .annotate(tag=unnest)
+        ArchiveTag.objects.filter(
+            archive_id__in=list(archive_ids), archive__organization_id=actor.organization_id
+        )
         .values_list("tag", flat=True)
         .distinct()
         .order_by("tag")
@@ -276,7 +275,20 @@ def archival_tags(*, actor: Actor, archive_ids: Sequence[str]) -> list[str]:
 
 def archival_count(*, actor: Actor, archive_ids: Sequence[str]) -> int:
     """How many passages the archives hold."""
-    return Passage.objects.for_actor(actor).filter(archive_id__in=list(archive_ids)).count()
+    total = ArchiveStats.objects.filter(
+        archive_id__in=list(archive_ids), archive__organization_id=actor.organization_id
+    ).aggregate(total=Sum("passage_count"))["total"]
+    return int(total or 0)
+
+
+def agent_archival_stats(*, actor: Actor, agent_id: str) -> tuple[int, list[str]]:
+    """How many passages the agent's archives hold and their distinct tags (unsorted): two lookups in
+    the counts the passage triggers keep, however many passages there are."""
+    archives = {"archive__agents": agent_id, "archive__organization_id": actor.organization_id}
+    total = ArchiveStats.objects.filter(**archives).aggregate(total=Sum("passage_count"))["total"]
+    if not total:
+        return 0, []
+    return int(total), list(ArchiveTag.objects.filter(**archives).values_list("tag", flat=True).distinct())
 
 
 def normalize_tags(tags: Sequence[str] | None) -> list[str]:

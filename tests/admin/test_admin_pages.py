@@ -10,7 +10,7 @@ from apps.accounts.services import api_key_create
 from apps.agents.models import AgentSecret, AgentTool, Conversation, Run, Step
 from apps.core.actor import Role
 from apps.memory import services as memory_services
-from apps.memory.models import AgentBlock, Block, BlockHistory
+from apps.memory.models import AgentBlock, ArchiveStats, ArchiveTag, Block, BlockHistory
 from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
 from apps.tools.models import MCPServer
 from tests.factories import (
@@ -79,6 +79,7 @@ def test_the_admin_covers_every_model_of_the_platform():
     from django.apps import apps
 
     inlines_only = {AgentBlock, AgentTool}  # edited as inlines of the agent
+    inlines_only |= {ArchiveStats, ArchiveTag}  # shown (read-only) as inlines of the archive
 
     ours = {m for m in apps.get_models() if m.__module__.startswith("apps.")} - inlines_only
 

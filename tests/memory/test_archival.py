@@ -9,6 +9,7 @@ from apps.memory.archival import (
     ARCHIVAL_NEEDS_EMBEDDING,
     EmbeddingModelMissing,
     PassageNotFound,
+    agent_archival_stats,
     agent_archive,
     agent_archives,
     archival_count,
@@ -20,7 +21,7 @@ from apps.memory.archival import (
     passage_search_queryset,
 )
 from apps.memory.models import Archive, Passage
-from tests.factories import AgentFactory, ArchiveFactory
+from tests.factories import AgentFactory, ArchiveFactory, PassageFactory
 from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer, embed_text
 
 HANDLE = "openai/text-embedding-3-small"
@@ -265,6 +266,33 @@ def test_list_count_tags_and_delete(actor, archive):
     assert archival_count(actor=actor, archive_ids=[archive.id]) == 2
     assert archival_tags(actor=actor, archive_ids=[archive.id]) == ["a", "b", "c"]
     assert Passage.objects.for_actor(actor).filter(id=second.id).exists()
+
+
+def test_counts_and_tags_follow_every_writer_of_passages(actor, agent, archive, org):
+    """The counts are kept by triggers: right after services, plain ORM writes, updates and bulk deletes."""
+
+    def stats() -> tuple[int, list[str]]:
+        count, tags = agent_archival_stats(actor=actor, agent_id=agent.id)
+        return count, sorted(tags)
+
+    assert stats() == (0, [])
+    [first] = insert(actor, archive, "one", tags=["b", "a"])
+    insert(actor, archive, "two", "three", tags=["a"])
+    PassageFactory(organization=org, archive=archive, tags=["z"])  # admin, import: no service
+    assert stats() == (4, ["a", "b", "z"])
+
+    Passage.objects.for_actor(actor).filter(id=first.id).update(tags=["c"])
+    assert stats() == (4, ["a", "c", "z"])
+    assert archival_tags(actor=actor, archive_ids=[archive.id]) == ["a", "c", "z"]
+
+    passage_delete(actor=actor, passage_id=first.id, archive_ids=[archive.id])
+    Passage.objects.for_actor(actor).filter(tags__contains=["z"]).delete()
+    assert stats() == (2, ["a"])
+    assert archival_count(actor=actor, archive_ids=[archive.id]) == 2
+    assert archival_count(actor=actor, archive_ids=[]) == 0
+
+    Passage.objects.for_actor(actor).filter(archive=archive).delete()
+    assert stats() == (0, [])
 
 
 def test_deleting_another_organisations_passage_is_not_found(actor, other_org_actor, archive):

@@ -46,8 +46,9 @@ from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
 from apps.llm.handles import ModelTarget, resolve_model
 from apps.llm.tokens import count_tokens
+from apps.memory.archival import agent_archival_stats
 from apps.memory.edits import should_show_line_numbers
-from apps.memory.models import Block, Passage
+from apps.memory.models import Block
 from apps.streams.events import RedisStreamSink, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.mcp import run_mcp_tool
@@ -911,18 +912,12 @@ def _memory_stats(
     agent: Agent, actor: Actor, conversation: Conversation | None, in_context_count: int, blocks: list[Block]
 ) -> MemoryStats:
     recall = Message.objects.for_actor(actor).filter(agent=agent, conversation=conversation).count()
-    passages = Passage.objects.for_actor(actor).filter(archive__agents=agent)
-    count = passages.count()
-    tags = (
-        sorted({t for row in passages.values_list("tags", flat=True).distinct() for t in row})
-        if count
-        else []
-    )
+    count, tags = agent_archival_stats(actor=actor, agent_id=agent.id)  # kept per archive, not counted
     return MemoryStats(
         last_memory_edit=max((b.updated_at for b in blocks), default=None),
         recall_message_count=max(0, recall - in_context_count),
         archival_passage_count=count,
-        archival_tags=tags,
+        archival_tags=sorted(tags),
     )
 
 
