@@ -87,6 +87,11 @@ def load() -> ModuleType:
                 module.telemetry = False
                 module.suppress_debug_info = True
                 module.disable_hf_tokenizer_download = True
+                # No litellm callbacks are registered, so its logging only costs: for every streamed
+                # chunk it hands a task to a thread that runs an event loop (~4 ms of CPU per streamed
+                # call, bench/llm_calls.py), and it would keep prompt text in its logging objects.
+                module.disable_streaming_logging = True
+                module.turn_off_message_logging = True
                 if module.client_session is None:
                     module.client_session = _new_http_client()
                 os.register_at_fork(after_in_child=_fresh_clients_after_fork)
