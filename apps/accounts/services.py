@@ -8,6 +8,7 @@ from datetime import timedelta
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from apps.accounts.errors import AuthenticationFailed, DuplicateApiKey
@@ -78,22 +79,26 @@ def api_key_revoke(*, actor: Actor, api_key_id: str) -> ApiKey:
 
 def api_key_authenticate(*, raw_key: str) -> tuple[User, Actor]:
     """Resolve a bearer token into its user and Actor. Raises AuthenticationFailed."""
+    # The key, its user and the user's role in the key's organisation in one query (every API request).
+    role = Membership.objects.filter(
+        user_id=OuterRef("user_id"), organization_id=OuterRef("organization_id")
+    ).values("role")[:1]
     api_key = (
         ApiKey.objects.unscoped()
         .select_related("user")
+        .annotate(membership_role=Subquery(role))
         .filter(key_hash=hash_api_key(raw_key), revoked_at__isnull=True)
         .first()
     )
     if api_key is None or not api_key.user.is_active:
         raise AuthenticationFailed("Invalid or revoked API key")
-    membership = Membership.objects.filter(user=api_key.user, organization_id=api_key.organization_id).first()
-    if membership is None:
+    if api_key.membership_role is None:
         raise AuthenticationFailed("The key's user is no longer a member of its organization")
     now = timezone.now()
     if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.unscoped().filter(id=api_key.id).update(last_used_at=now)
     actor = Actor(
-        organization_id=api_key.organization_id, user_id=api_key.user_id, role=Role(membership.role)
+        organization_id=api_key.organization_id, user_id=api_key.user_id, role=Role(api_key.membership_role)
     )
     return api_key.user, actor
 

@@ -12,6 +12,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
@@ -281,6 +283,15 @@ def pending_approval(*, agent: Agent, conversation: Conversation | None) -> Mess
     return None
 
 
+def _with_last_message_role(queryset: QuerySet) -> QuerySet:
+    """Agents or conversations without message_ids, annotated with the role of their last in-context
+    message (None when they have none)."""
+    table = queryset.model._meta.db_table
+    last_id = RawSQL(f'"{table}"."message_ids"[cardinality("{table}"."message_ids")]', ())
+    role = Message.all_objects.filter(id=last_id).values("role")[:1]
+    return queryset.defer("message_ids").annotate(last_message_role=Subquery(role))
+
+
 def _validate_approvals(pending: Message, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
     expected = {call["id"] for call in pending.tool_calls or []}
     normalized = []
@@ -331,20 +342,30 @@ def run_create(
         raise InvalidInput("Send at least one message or an approval")
     if max_steps < 1:
         raise InvalidInput("max_steps must be at least 1")
-    agent = Agent.objects.for_actor(actor).select_for_update().filter(id=agent_id).first()
+    # The locked row without its (long) message_ids, with the role of its last in-context message: a
+    # pending approval is looked up only when that is one (a send is one query here, not two).
+    agent = (
+        _with_last_message_role(Agent.objects.for_actor(actor).select_for_update())
+        .filter(id=agent_id)
+        .first()
+    )
     if agent is None:
         raise AgentNotFound(f"Agent with id '{agent_id}' not found")
     conversation = None
     if conversation_id:
         conversation = (
-            Conversation.objects.for_actor(actor)
-            .select_for_update()
+            _with_last_message_role(Conversation.objects.for_actor(actor).select_for_update())
             .filter(id=conversation_id, agent=agent)
             .first()
         )
         if conversation is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found")
-    pending = pending_approval(agent=agent, conversation=conversation)
+    holder = conversation or agent
+    pending = (
+        pending_approval(agent=agent, conversation=conversation)
+        if holder.last_message_role == Message.Role.APPROVAL
+        else None
+    )
     if pending is not None and approvals is None:
         raise PendingApproval(
             "Cannot send a new message: a tool call is awaiting approval. Approve or deny it first.",
@@ -489,12 +510,19 @@ before it appends stop_reason, usage and run_end, and the events it appended jus
 arrive while this reader was between its stream read and its database check."""
 
 
-def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: float = 55.0) -> CollectedRun:
+def run_collect(
+    *, actor: Actor, run_id: str, after: str = "0-0", timeout_s: float = 55.0, run: Run | None = None
+) -> CollectedRun:
     """Wait for a run's events (from `after`) until it ends or the timeout; gather its messages.
 
+    `run`: the Run when the caller has just read or created it (a send), so it is not read again.
     A run that is over in the database but whose stream has nothing (expired, or its worker died before
-    writing) is answered from its stored messages and steps."""
-    run = Run.objects.for_actor(actor).filter(id=run_id).first()
+    writing) is answered from its stored messages and steps. A run that ended with its end event and did
+    not fail is not read again either: the returned run's status and stop reason are the event's (a
+    cancel that lost the race with the loop's own end leaves the database saying "cancelled" and the
+    event "completed"; the answer is the same); a failure is read again for its error."""
+    if run is None:
+        run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run with id '{run_id}' not found")
     if run.status in RUN_TERMINAL_STATUSES and not read_events(run_id, after=after, count=1):
@@ -502,6 +530,7 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
     messages: list[dict[str, Any]] = []
     stop_reason = usage = None
     finished = False
+    end: dict[str, Any] = {}
     seen_events = False
     cursor = after
 
@@ -524,7 +553,7 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
         return terminal_polls > COLLECT_TERMINAL_GRACE_POLLS
 
     def take(event: StreamEvent) -> None:
-        nonlocal stop_reason, usage, finished, seen_events, cursor
+        nonlocal stop_reason, usage, finished, seen_events, cursor, end
         seen_events, cursor = True, event.cursor
         kind = event.data.get("message_type")
         if kind == "stop_reason":
@@ -532,7 +561,7 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
         elif kind == "usage_statistics":
             usage = event.data
         elif kind == "run_end":
-            finished = True
+            finished, end = True, event.data
         elif kind != "delta":
             messages.append(event.data)
 
@@ -544,7 +573,11 @@ def run_collect(*, actor: Actor, run_id: str, after: str = "0-0", timeout_s: flo
     if not finished:  # ended from the database or by the timeout: whatever arrived meanwhile
         for event in read_events(run_id, after=cursor):
             take(event)
-    run.refresh_from_db()
+    if finished and end.get("status") in (Run.Status.COMPLETED, Run.Status.CANCELLED):
+        # Saves taking a pooled connection (a health check and a query) between the end and the answer.
+        run.status, run.stop_reason = end["status"], end.get("stop_reason") or run.stop_reason
+    else:
+        run.refresh_from_db()
     if not seen_events and run.status in RUN_TERMINAL_STATUSES:
         logger.warning("agents.run_collect_from_database", extra={"run_id": run_id})
         return _collected_from_database(actor=actor, run=run)

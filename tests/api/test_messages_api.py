@@ -23,9 +23,9 @@ from tests.factories import MessageFactory
 from tests.support.scripted_llm import error, text, tool_call, tool_calls
 
 worker = pytest.mark.django_db(transaction=True)
-AUTH_QUERIES = 2
-"""Queries the API-key authentication of a request costs: the key with its user, the membership (once
-the key's last use is stamped)."""
+AUTH_QUERIES = 1
+"""Queries the API-key authentication of a request costs: the key with its user and membership (once the
+key's last use is stamped)."""
 
 
 # --- helpers (imported by the other API test modules) -----------------------------------------------------
