@@ -486,10 +486,12 @@ def main(argv: list[str]) -> int:
         "--profile", action="store_true", help="write a pyinstrument profile of a worker turn"
     )
     parser.add_argument(
-        "--worker-pool", default="prefork", help="Celery pool of the 2 workers: prefork (default) or threads"
+        "--worker-pool",
+        default="threads",
+        help="Celery pool of the 2 workers: threads (default, as make run) or prefork",
     )
     parser.add_argument(
-        "--worker-concurrency", type=int, default=1, help="Celery concurrency of each worker (default 1)"
+        "--worker-concurrency", type=int, default=4, help="Celery concurrency of each worker (default 4)"
     )
     parser.add_argument(
         "--web-db-pool",

@@ -87,8 +87,8 @@ class Platform:
     """daphne + `workers` Celery workers (`worker_concurrency` each) + the bench LLM server."""
 
     workers: int = 2
-    worker_concurrency: int = 1
-    worker_pool: str = "prefork"
+    worker_concurrency: int = 4
+    worker_pool: str = "threads"
     log_level: str = "WARNING"
     # Under daphne every request runs in a thread of its own, so Django's persistent connections
     # (DATABASE_CONN_MAX_AGE, 300 s by default) are never reused and pile up until PostgreSQL refuses

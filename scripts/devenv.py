@@ -93,6 +93,10 @@ def run_platform() -> int:
     manage("migrate", "--noinput")
     manage("collectstatic", "--noinput", "--verbosity", "0")
     manage("bootstrap_platform")
+    # Threads by default: a turn mostly waits (LLM, PostgreSQL, Redis), so one process with 8 threads
+    # runs 8 turns at once in the memory of one (bench/RESULTS.md); each thread has its own database
+    # connection, hence its own advisory locks (apps/agents/locks.py).
+    pool = os.environ.get("WORKER_POOL", "threads")
     commands = {
         "web": [
             str(BIN / "daphne"),
@@ -109,8 +113,10 @@ def run_platform() -> int:
             "worker",
             "-l",
             "info",
+            "--pool",
+            pool,
             "--concurrency",
-            os.environ.get("WORKER_CONCURRENCY", "2"),
+            os.environ.get("WORKER_CONCURRENCY", "8" if pool == "threads" else "2"),
         ],
         "beat": [
             str(BIN / "celery"),

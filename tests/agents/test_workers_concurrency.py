@@ -15,9 +15,15 @@ from tests.support.workers import WorkerProcess, worker_env
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def second_worker(scripted_server, tmp_path):
-    worker = WorkerProcess("worker-b", worker_env(scripted_server.url), tmp_path, concurrency=2).wait_ready()
+POOLS = ["threads", "prefork"]
+"""Threads share a process but not a database session: each holds its own advisory locks."""
+
+
+@pytest.fixture(params=POOLS)
+def second_worker(request, scripted_server, tmp_path):
+    worker = WorkerProcess(
+        "worker-b", worker_env(scripted_server.url), tmp_path, concurrency=2, pool=request.param
+    ).wait_ready()
     yield worker
     worker.stop()
 
@@ -46,10 +52,12 @@ def test_messages_to_one_agent_run_one_at_a_time_in_order_across_two_workers(
     assert texts == [t for i in range(4) for t in (f"message {i}", f"reply {i}")], " | ".join(texts)
 
 
-@pytest.fixture
-def doomed(scripted_server, tmp_path):
+@pytest.fixture(params=POOLS)
+def doomed(request, scripted_server, tmp_path):
     """A worker on its own queue, for the test to kill; stopped afterwards if the test did not."""
-    worker = WorkerProcess("doomed", worker_env(scripted_server.url), tmp_path, queues="crash").wait_ready()
+    worker = WorkerProcess(
+        "doomed", worker_env(scripted_server.url), tmp_path, queues="crash", pool=request.param
+    ).wait_ready()
     yield worker
     worker.stop()
 

@@ -34,13 +34,21 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 PR_SET_PDEATHSIG = 1
+DEFAULT_POOL = os.environ.get("WORKER_POOL", "threads")
+"""The pool `make run` uses (scripts/devenv.py); tests of crashes and ordering also run the other."""
 
 
 class WorkerProcess:
     """`celery worker` as a child process; `kill()` sends SIGKILL, as a crashing machine would."""
 
     def __init__(
-        self, name: str, env: dict[str, str], log_dir: Path, concurrency: int = 1, queues: str = "celery"
+        self,
+        name: str,
+        env: dict[str, str],
+        log_dir: Path,
+        concurrency: int = 1,
+        queues: str = "celery",
+        pool: str = DEFAULT_POOL,
     ) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
@@ -59,7 +67,7 @@ class WorkerProcess:
                 "--concurrency",
                 str(concurrency),
                 "--pool",
-                "prefork",
+                pool,
                 "--without-gossip",
                 "--without-mingle",
                 "-Q",
