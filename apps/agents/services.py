@@ -511,16 +511,24 @@ arrive while this reader was between its stream read and its database check."""
 
 
 def run_collect(
-    *, actor: Actor, run_id: str, after: str = "0-0", timeout_s: float = 55.0, run: Run | None = None
+    *,
+    actor: Actor,
+    run_id: str,
+    after: str = "0-0",
+    timeout_s: float = 55.0,
+    run: Run | None = None,
+    reread: bool = True,
 ) -> CollectedRun:
     """Wait for a run's events (from `after`) until it ends or the timeout; gather its messages.
 
-    `run`: the Run when the caller has just read or created it (a send), so it is not read again.
     A run that is over in the database but whose stream has nothing (expired, or its worker died before
-    writing) is answered from its stored messages and steps. A run that ended with its end event and did
-    not fail is not read again either: the returned run's status and stop reason are the event's (a
-    cancel that lost the race with the loop's own end leaves the database saying "cancelled" and the
-    event "completed"; the answer is the same); a failure is read again for its error."""
+    writing) is answered from its stored messages and steps.
+    `run`: the Run when the caller has just read or created it (a send), so it is not read first.
+    `reread=False`: a run that ended with its end event and did not fail is not read again at the end
+    (a pool checkout and a query between the end and the answer): the returned run's status and stop
+    reason are the event's, its other fields as they were. A cancel that lost the race with the loop's
+    own end is "cancelled" in the database and "completed" in the event; a blocking send answers the
+    same either way. A failed run is always read again, for its error."""
     if run is None:
         run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
@@ -573,7 +581,7 @@ def run_collect(
     if not finished:  # ended from the database or by the timeout: whatever arrived meanwhile
         for event in read_events(run_id, after=cursor):
             take(event)
-    if finished and end.get("status") in (Run.Status.COMPLETED, Run.Status.CANCELLED):
+    if not reread and finished and end.get("status") in (Run.Status.COMPLETED, Run.Status.CANCELLED):
         # Saves taking a pooled connection (a health check and a query) between the end and the answer.
         run.status, run.stop_reason = end["status"], end.get("stop_reason") or run.stop_reason
     else:

@@ -129,7 +129,7 @@ def test_list_costs_a_fixed_number_of_queries(agent, client, django_assert_num_q
     for i in range(3):
         insert(client, agent, f"fact number {i}")
 
-    with django_assert_num_queries(7):  # key, membership, agent (+ blocks, tools), archives, page
+    with django_assert_num_queries(6):  # key with membership, agent (+ blocks, tools), archives, page
         client.get(f"/v1/agents/{agent.id}/archival-memory")
 
 

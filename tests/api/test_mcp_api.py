@@ -176,7 +176,7 @@ def test_list_servers_with_a_fixed_number_of_queries(actor, api_client_for, djan
     http_server(actor)
     stdio_server(actor)
 
-    with django_assert_num_queries(3):  # the key, its membership, the servers
+    with django_assert_num_queries(2):  # the key with its membership, the servers
         response = client.get("/v1/mcp-servers/")
 
     assert [(s["server_name"], s["mcp_server_type"]) for s in response.json()] == [

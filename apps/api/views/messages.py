@@ -120,7 +120,7 @@ class MessageSendApiView(OrgApiView):
     def blocking(self, request: Request, *, agent_id: str, send: s.SendRequest, **kwargs: Any) -> Response:
         run = self.start_run(agent_id=agent_id, send=send, **kwargs)
         collected = agent_services.run_collect(
-            actor=self.actor, run_id=run.id, run=run, timeout_s=blocking_wait_s(request)
+            actor=self.actor, run_id=run.id, run=run, reread=False, timeout_s=blocking_wait_s(request)
         )
         if not collected.finished:
             return Response(
