@@ -8,6 +8,8 @@
   index (and for messages the full-text GIN index) dropped and built again afterwards, all in one
   transaction, so an interrupted run leaves the indexes as they were. Inserting 100k rows one HNSW
   insert at a time takes about 3 minutes on 2 cores; building the index takes about 40 s.
+- A single insert is one passage through `passage_insert` with the embedding call answered from
+  pre-computed vectors (the bar excludes embedding time), at the largest size, after the searches.
 - Searches go through `passage_search` (query embedded over HTTP, then the filtered HNSW query) and,
   for the database part alone, `passage_search_queryset` with a pre-computed vector. Recall goes
   through `apps.agents.recall.conversation_search` (full text + vector, fused).
@@ -21,6 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 from django.db import connection, transaction
 from pgvector import Vector
@@ -30,6 +33,7 @@ from psycopg.types.json import Jsonb
 from apps.agents.models import Message
 from apps.agents.recall import conversation_search
 from apps.core.actor import Actor
+from apps.memory import archival as archival_module
 from apps.memory.archival import (
     agent_archive,
     filtered_vector_scan,
@@ -217,6 +221,22 @@ def insert_throughput(
     return {"passages_per_s": across(rates, 1), "passages_per_run": batches * batch_size, "batch": batch_size}
 
 
+def single_insert(actor: Actor, archive: Any, *, runs: int, per_run: int) -> dict[str, Any]:
+    """p50/p95 of passage_insert with one text, embedding time excluded: the embedding call returns a
+    vector computed beforehand (the rest of the path runs: provider lookup, archive lock, HNSW insert)."""
+    texts = queries(runs * per_run + 1, seed=2000)
+    vectors = {text: embed_text(text, DIMENSION) for text in texts}
+
+    def embedded(_target: Any, batch: Sequence[str]) -> list[list[float]]:
+        return [vectors.get(text) or embed_text(text, DIMENSION) for text in batch]
+
+    def insert(i: int) -> None:
+        passage_insert(actor=actor, archive=archive, texts=[texts[i]], embedding_handle=EMBEDDING_HANDLE)
+
+    with mock.patch.object(archival_module, "embed", embedded):
+        return _runs(insert, runs=runs, per_run=per_run)
+
+
 def search_figures(actor: Actor, archive_id: str, *, runs: int, per_run: int) -> dict[str, Any]:
     texts = queries(runs * per_run + 1, seed=99)
     vectors = [embed_text(t, DIMENSION) for t in texts]
@@ -296,6 +316,12 @@ def archival_and_recall(
         log(
             f"archival search at {loaded:,} passages: {results[f'archival_{size}']['search']['p50_ms']['median']} ms p50"
         )
+    # After the searches, so their corpus is exactly `size` passages.
+    log(f"single archival insert: {runs} x {per_run} passages at {loaded:,}")
+    results["archival_single_insert"] = {
+        "passages": loaded,
+        **single_insert(actor, archive, runs=runs, per_run=per_run),
+    }
     recall_agent = make_agent(EMBEDDING_HANDLE)
     seconds = load_messages(actor, recall_agent, texts, vectors)
     log(f"loaded {biggest:,} messages (COPY + HNSW + full-text index build) in {seconds:.1f} s")
