@@ -93,6 +93,10 @@ def bulk_load(
         for definition in definitions:
             cursor.execute(definition)
         cursor.execute(f"ANALYZE {table}")
+    # What autovacuum does within a minute of a bulk insert: sets the visibility map, so counts that
+    # the platform runs as index-only scans (a run's recall count) are measured as they run in service.
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM {table}")
     return time.perf_counter() - started
 
 
