@@ -220,6 +220,33 @@ def test_cancelling_a_run_no_worker_has_claimed_closes_its_stream(make_agent, ac
     assert run.completed_at is not None
 
 
+def test_a_cancel_during_the_final_reply_ends_the_stream_as_cancelled(
+    make_agent, actor, send, llm, monkeypatch
+):
+    """The reply is not interrupted mid-stream, but the run, its stop reason and its end event all say
+    cancelled: the user's cancel wins over the loop's own end_turn."""
+    from apps.agents.loop import runner
+
+    agent = make_agent()
+    llm.push(text("a long answer"))
+    call_llm = runner._call_llm
+
+    def cancelled_meanwhile(state, *args, **kwargs):
+        response = call_llm(state, *args, **kwargs)
+        run_cancel(actor=actor, run_id=state.run.id)  # the user clicks Stop while the reply streams
+        return response
+
+    monkeypatch.setattr(runner, "_call_llm", cancelled_meanwhile)
+
+    result = send(agent, "tell me everything")
+
+    assert result.stop_reason == "cancelled"
+    assert result.run.status == Run.Status.CANCELLED
+    assert {"message_type": "stop_reason", "stop_reason": "cancelled"} in result.events
+    result.run.refresh_from_db()
+    assert (result.run.status, result.run.stop_reason) == ("cancelled", "cancelled")
+
+
 def test_an_unknown_model_handle_fails_the_run_clearly(make_agent, send, llm):
     agent = make_agent(model="nowhere/model-x")
 

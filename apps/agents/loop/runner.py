@@ -938,7 +938,10 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.error = {"message": error or reason}
     if error:
         run.metadata = {**run.metadata, "error": error}
-    _save_finished(run, state.agent.id)
+    if not _save_finished(run, state.agent.id):
+        # The user cancelled while the last step ran: the stored run says so, and so must the stream.
+        run.status = Run.Status.CANCELLED
+        run.stop_reason = reason = StopReason.CANCELLED
     state.sink.finish(
         [{"message_type": "stop_reason", "stop_reason": reason}, state.usage.as_dict(run.id)],
         status=run.status,
@@ -956,10 +959,10 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
     )
 
 
-def _save_finished(run: Run, agent_id: str) -> None:
-    """The run's terminal state and the agent's last-run fields in one statement (a data-modifying CTE:
+def _save_finished(run: Run, agent_id: str) -> bool:
+    """The run's terminal state and the agent's last-run fields in one statement (data-modifying CTEs:
     one round trip, atomic without a transaction block). A cancelled run keeps its status: the user's
-    cancel wins over the loop's own ending."""
+    cancel wins over the loop's own ending. Returns False when the run had been cancelled."""
     run_field, agent_field = Run._meta.get_field, Agent._meta.get_field
     run_values = {
         "status": run.status,
@@ -987,12 +990,15 @@ def _save_finished(run: Run, agent_id: str) -> None:
         cursor.execute(
             f"""
             WITH finished AS (
-                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s
+                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s RETURNING id
+            ), agent AS (
+                UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
             )
-            UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
+            SELECT count(*) FROM finished
             """,
             params,
         )
+        return cursor.fetchone()[0] > 0
 
 
 def _start_sleeptime(primary_agent_id: str) -> None:
