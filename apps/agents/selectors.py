@@ -12,7 +12,10 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
 
+from apps.accounts.models import User
 from apps.agents.errors import AgentNotFound
+from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo, context_breakdown
+from apps.agents.loop.events import NullSink
 from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.core.actor import Actor
@@ -27,6 +30,8 @@ from apps.llm.handles import (
     resolve_model,
 )
 from apps.llm.models import Provider
+from apps.llm.tokens import count_text_tokens
+from apps.llm.tokens import count_tokens as count_request_tokens
 from apps.memory.errors import BlockNotFound
 from apps.memory.models import Block
 from apps.tools.models import Tool
@@ -681,18 +686,6 @@ def step_list(
 # --- The context window as the next LLM request would fill it (the ADE's context-window viewer) -------
 
 
-# Imported with the section that uses them: the loop's pure modules (no ORM, no I/O) and lower layers.
-from django.utils import timezone as django_timezone  # noqa: E402
-
-from apps.accounts.models import User  # noqa: E402
-from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo, context_breakdown  # noqa: E402
-from apps.agents.loop.context import BlockSnapshot, compile_system_sections  # noqa: E402
-from apps.agents.loop.events import NullSink  # noqa: E402
-from apps.llm.tokens import count_text_tokens  # noqa: E402
-from apps.llm.tokens import count_tokens as count_request_tokens  # noqa: E402
-from apps.memory.edits import should_show_line_numbers  # noqa: E402
-
-
 @dataclass(frozen=True, slots=True)
 class ContextOverview:
     """The agent's next request, section by section, in tokens; `error` says why it could not be built
@@ -738,16 +731,7 @@ def agent_context_overview(
     except runner.StopRun as exc:
         return ContextOverview(model=agent.model, breakdown=None, error=exc.error or exc.reason)
 
-    sections = compile_system_sections(
-        system_prompt=state.agent.system or DEFAULT_SYSTEM_PROMPT,
-        blocks=[BlockSnapshot(b.label, b.description, b.value, b.limit, b.read_only) for b in state.blocks],
-        stats=state.stats,
-        tool_rules_text=state.rules_text,
-        agent_type=state.agent.agent_type,
-        show_line_numbers=should_show_line_numbers(state.agent.agent_type, state.target.provider_type),
-        now=django_timezone.now(),
-        timezone=state.agent.timezone or "UTC",
-    )
+    sections = runner.system_sections(state)
     model = state.target.litellm_model
     allowed = state.solver.allowed_tools(list(runner._available_tool_names(state)))
     schemas = runner._tool_schemas(state, allowed)

@@ -31,7 +31,13 @@ from django.utils import timezone
 from apps.agents.custom_tools import run_custom_tool
 from apps.agents.locks import conversation_lock
 from apps.agents.loop import budget as budgeting
-from apps.agents.loop.context import BlockSnapshot, MemoryStats, build_llm_messages, compile_system_message
+from apps.agents.loop.context import (
+    BlockSnapshot,
+    MemoryStats,
+    SystemSections,
+    build_llm_messages,
+    compile_system_sections,
+)
 from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
 from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
@@ -384,7 +390,12 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
 
 
 def _system_message(state: LoopState) -> str:
-    return compile_system_message(
+    return system_sections(state).render()
+
+
+def system_sections(state: LoopState) -> SystemSections:
+    """The system message's sections for this state (the ADE's context viewer counts them too)."""
+    return compile_system_sections(
         system_prompt=state.agent.system or DEFAULT_SYSTEM_PROMPT,
         blocks=[BlockSnapshot(b.label, b.description, b.value, b.limit, b.read_only) for b in state.blocks],
         stats=state.stats,
