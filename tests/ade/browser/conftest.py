@@ -97,6 +97,14 @@ def sign_in(page: object, server: AdeServer, username: str, password: str = PASS
     page.wait_for_url(lambda url: "/login" not in url)  # type: ignore[attr-defined]
 
 
+def htmx_settled(page: object) -> None:
+    """Wait until htmx has finished its requests and swaps and has bound the new content. A swapped-in
+    control is only live after htmx processed it, and Playwright can be faster than that."""
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => window.htmx && !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')"
+    )
+
+
 @pytest.fixture
 def new_page(browser: object, ade_server: AdeServer) -> Iterator[Callable[[], object]]:
     """Pages in fresh browser contexts (separate cookies), laptop-sized; closed after the test."""

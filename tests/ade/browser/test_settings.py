@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from apps.accounts.models import ApiKey, Membership
 from apps.core.actor import Role
 from apps.llm.models import Provider
-from tests.ade.browser.conftest import Ade
+from tests.ade.browser.conftest import Ade, htmx_settled
 
 SECRET = "sk-ant-browser-secret-0123456789"
 
@@ -86,8 +86,10 @@ def test_members_are_added_and_their_roles_changed_in_place(ade: Ade, screenshot
 
     row = page.locator("tr[data-member=new-colleague]")
     expect(page.get_by_test_id("notice")).to_have_text("new-colleague added as member.")
+    htmx_settled(page)
     row.get_by_test_id("role-select").select_option("admin")
     expect(page.get_by_test_id("notice")).to_have_text("new-colleague is now admin.")
+    htmx_settled(page)  # the panel was re-rendered: its selects are live once htmx has bound them
     assert Membership.objects.get(user__username="new-colleague", organization=ade.org).role == Role.ADMIN
 
     own = page.locator(f"tr[data-member='{ade.user.username}']").get_by_test_id("role-select")
