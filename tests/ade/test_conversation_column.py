@@ -373,3 +373,63 @@ def test_the_history_costs_the_same_queries_however_many_turns_it_shows(owner_cl
         send(agent, f"again {i}")
 
     assert queries_for_column() == with_one_turn
+
+
+@pytest.fixture
+def paused_twice(make_agent, send, llm):
+    """An agent whose turn stopped on two parallel memory_insert calls awaiting approval."""
+    agent = make_agent(tool_rules=APPROVAL_RULES)
+    llm.push(
+        tool_calls(
+            tool_call("memory_insert", {"label": "human", "new_string": "Likes tea"}, id="call_tea"),
+            tool_call("memory_insert", {"label": "human", "new_string": "Hates rain"}, id="call_rain"),
+        )
+    )
+    result = send(agent, "I like tea and hate rain")
+    assert result.stop_reason == "requires_approval"
+    return agent
+
+
+def test_parallel_calls_get_a_decision_each(owner_client, paused_twice):
+    body = owner_client.get(column_url(paused_twice)).content.decode()
+    assert 'name="decision_call_tea"' in body
+    assert 'name="decision_call_rain"' in body
+    request = Message.all_objects.get(agent=paused_twice, role="approval", approvals__isnull=True)
+
+    htmx_post(
+        owner_client,
+        reverse("ade:conversation-approve", args=[paused_twice.id]),
+        {
+            "request_id": request.id,
+            "decision_call_tea": "approve",
+            "decision_call_rain": "deny",
+            "reason_call_rain": "Keep the weather out of it",
+        },
+    )
+
+    decision = Message.all_objects.get(agent=paused_twice, role="approval", approvals__isnull=False)
+    assert decision.approvals == [
+        {"type": "approval", "tool_call_id": "call_tea", "approve": True, "reason": None},
+        {
+            "type": "approval",
+            "tool_call_id": "call_rain",
+            "approve": False,
+            "reason": "Keep the weather out of it",
+        },
+    ]
+
+
+def test_a_call_left_undecided_is_refused_and_nothing_is_sent(owner_client, paused_twice):
+    request = Message.all_objects.get(agent=paused_twice, role="approval", approvals__isnull=True)
+
+    response = htmx_post(
+        owner_client,
+        reverse("ade:conversation-approve", args=[paused_twice.id]),
+        {"request_id": request.id, "decision_call_tea": "approve"},
+    )
+
+    assert response.status_code == 422
+    assert "every tool call" in response.content.decode()
+    assert not Message.all_objects.filter(
+        agent=paused_twice, role="approval", approvals__isnull=False
+    ).exists()

@@ -374,22 +374,14 @@ def conversation_approve(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     conversation = _conversation(request, agent, request.POST)
     request_id = request.POST.get("request_id") or ""
-    approve = request.POST.get("decision") == "approve"
-    reason = (request.POST.get("reason") or "").strip()[:2000]
     pending = pending_approval(agent=agent, conversation=conversation)
     if pending is None or pending.id != request_id:
         return _notice(
             request, "This tool call was already decided. Reload to see what happened.", status=409
         )
-    approvals = [
-        {
-            "type": "approval",
-            "tool_call_id": call["id"],
-            "approve": approve,
-            "reason": (reason or None) if not approve else None,
-        }
-        for call in pending.tool_calls or []
-    ]
+    approvals = _approval_decisions(request.POST, pending.tool_calls or [])
+    if approvals is None:
+        return _notice(request, "Choose approve or deny for every tool call.", status=422)
     try:
         run = run_create(
             actor=request.actor,
@@ -402,6 +394,30 @@ def conversation_approve(request: AdeRequest, agent_id: str) -> HttpResponse:
         return _notice(request, exc.message, status=409)
     run_submit(run)
     return _live_turn(request, agent, run, decided=pending)
+
+
+def _approval_decisions(form: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """One decision per call: `decision` (Approve all / Deny all, with `reason`) applies to every call;
+    "Submit decisions" sends `decision_<call id>` and `reason_<call id>` per call. None when a call has
+    no decision."""
+    overall = form.get("decision")
+    approvals = []
+    for call in calls:
+        choice = overall if overall in ("approve", "deny") else form.get(f"decision_{call['id']}")
+        if choice not in ("approve", "deny"):
+            return None
+        reason_field = "reason" if overall in ("approve", "deny") else f"reason_{call['id']}"
+        reason = (form.get(reason_field) or "").strip()[:2000]
+        approve = choice == "approve"
+        approvals.append(
+            {
+                "type": "approval",
+                "tool_call_id": call["id"],
+                "approve": approve,
+                "reason": None if approve else (reason or None),
+            }
+        )
+    return approvals
 
 
 def _decided_card(request_message: Message | None) -> dict[str, Any] | None:
