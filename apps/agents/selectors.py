@@ -590,6 +590,39 @@ def run_list(
     return qs
 
 
+def run_produced_messages(*, actor: Actor, run_id: str) -> QuerySet[Message]:
+    """What a run's agent produced, in order: no user or system input, no approval decision (those
+    carry no step). Replays of a run whose event stream is gone start from here."""
+    return (
+        Message.objects.for_actor(actor)
+        .filter(run_id=run_id)
+        .exclude(role__in=[Message.Role.USER, Message.Role.SYSTEM])
+        .exclude(step__isnull=True, role=Message.Role.APPROVAL)
+        .defer("embedding")
+        .order_by("sequence_id")
+    )
+
+
+def run_stop_reason(run: Run) -> str:
+    """The run's stop reason; a run that ended without one was cancelled or failed."""
+    if run.stop_reason:
+        return run.stop_reason
+    return "cancelled" if run.status == Run.Status.CANCELLED else "error"
+
+
+def run_usage_event(*, actor: Actor, run: Run) -> dict[str, Any]:
+    """Letta's usage_statistics message for a run, from its steps."""
+    totals = run_usage(actor=actor, run_id=run.id)
+    return {
+        "message_type": "usage_statistics",
+        "prompt_tokens": totals["prompt_tokens"],
+        "completion_tokens": totals["completion_tokens"],
+        "total_tokens": totals["total_tokens"],
+        "step_count": totals["step_count"],
+        "run_ids": [run.id],
+    }
+
+
 def run_find_by_otids(*, actor: Actor, agent_id: str, otids: list[str]) -> Run | None:
     """The run that already took a message with one of these client ids (otid) for this agent: a resent
     request (an SDK retry after a timeout) is answered from it instead of running twice."""

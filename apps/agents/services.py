@@ -32,7 +32,14 @@ from apps.agents.models import (
     StopReason,
 )
 from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
-from apps.agents.selectors import agent_block_get_by_label, agent_get, run_usage
+from apps.agents.selectors import (
+    TERMINAL_RUN_STATUSES,
+    agent_block_get_by_label,
+    agent_get,
+    run_produced_messages,
+    run_stop_reason,
+    run_usage_event,
+)
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
 from apps.core.db import release_pooled_connection
@@ -500,7 +507,6 @@ class CollectedRun:
     finished: bool
 
 
-RUN_TERMINAL_STATUSES = (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
 COLLECT_POLL_MS = 200
 COLLECT_DB_CHECK_EVERY = 5
 """While the stream is silent, the run's status is read from the database every 5 polls (1 s)."""
@@ -527,13 +533,13 @@ def run_collect(
     `reread=False`: a run that ended with its end event and did not fail is not read again at the end
     (a pool checkout and a query between the end and the answer): the returned run's status and stop
     reason are the event's, its other fields as they were. A cancel that lost the race with the loop's
-    own end is "cancelled" in the database and "completed" in the event; a blocking send answers the
-    same either way. A failed run is always read again, for its error."""
+    own end is "cancelled" in both (the loop reports the cancel). A failed run is always read again, for
+    its error."""
     if run is None:
         run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run with id '{run_id}' not found")
-    if run.status in RUN_TERMINAL_STATUSES and not read_events(run_id, after=after, count=1):
+    if run.status in TERMINAL_RUN_STATUSES and not read_events(run_id, after=after, count=1):
         return _collected_from_database(actor=actor, run=run)
     messages: list[dict[str, Any]] = []
     stop_reason = usage = None
@@ -545,7 +551,7 @@ def run_collect(
     def terminal_in_db() -> bool:
         status = Run.objects.for_actor(actor).filter(id=run_id).values_list("status", flat=True).first()
         release_pooled_connection()
-        return status in RUN_TERMINAL_STATUSES
+        return status in TERMINAL_RUN_STATUSES
 
     idle_checks = terminal_polls = 0
 
@@ -586,7 +592,7 @@ def run_collect(
         run.status, run.stop_reason = end["status"], end.get("stop_reason") or run.stop_reason
     else:
         run.refresh_from_db()
-    if not seen_events and run.status in RUN_TERMINAL_STATUSES:
+    if not seen_events and run.status in TERMINAL_RUN_STATUSES:
         logger.warning("agents.run_collect_from_database", extra={"run_id": run_id})
         return _collected_from_database(actor=actor, run=run)
     return CollectedRun(
@@ -594,38 +600,18 @@ def run_collect(
         messages=messages,
         stop_reason=stop_reason,
         usage=usage,
-        finished=finished or run.status in RUN_TERMINAL_STATUSES,
+        finished=finished or run.status in TERMINAL_RUN_STATUSES,
     )
 
 
 def _collected_from_database(*, actor: Actor, run: Run) -> CollectedRun:
     """What a finished run produced, from its stored messages and steps (its event stream has nothing)."""
-    produced = (
-        Message.objects.for_actor(actor)
-        .filter(run_id=run.id)
-        .exclude(role__in=[Message.Role.USER, Message.Role.SYSTEM])
-        .exclude(step__isnull=True, role=Message.Role.APPROVAL)
-        .defer("embedding")
-        .order_by("sequence_id")
-    )
-    messages = [letta for message in produced for letta in to_letta_messages(message)]
-    totals = run_usage(actor=actor, run_id=run.id)
+    produced = run_produced_messages(actor=actor, run_id=run.id)
     return CollectedRun(
         run=run,
-        messages=messages,
-        stop_reason={
-            "message_type": "stop_reason",
-            "stop_reason": run.stop_reason
-            or ("cancelled" if run.status == Run.Status.CANCELLED else "error"),
-        },
-        usage={
-            "message_type": "usage_statistics",
-            "prompt_tokens": totals["prompt_tokens"],
-            "completion_tokens": totals["completion_tokens"],
-            "total_tokens": totals["total_tokens"],
-            "step_count": totals["step_count"],
-            "run_ids": [run.id],
-        },
+        messages=[letta for message in produced for letta in to_letta_messages(message)],
+        stop_reason={"message_type": "stop_reason", "stop_reason": run_stop_reason(run)},
+        usage=run_usage_event(actor=actor, run=run),
         finished=True,
     )
 

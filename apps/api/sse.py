@@ -28,7 +28,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 from apps.agents import selectors as agent_selectors
 from apps.agents.loop.convert import to_letta_messages
-from apps.agents.models import Message, Run
+from apps.agents.models import Run
 from apps.core.actor import Actor
 from apps.core.db import release_pooled_connection
 from apps.streams.events import START, follow_events, read_events
@@ -253,9 +253,9 @@ def _ending(*, actor: Actor, run_id: str, sent: set[str]) -> Iterator[bytes]:
     run = agent_selectors.run_get(actor=actor, run_id=run_id)
     finished = run.status in agent_selectors.TERMINAL_RUN_STATUSES
     if finished and "stop_reason" not in sent:
-        yield encode({"message_type": "stop_reason", "stop_reason": _stop_reason_of(run)})
+        yield encode({"message_type": "stop_reason", "stop_reason": agent_selectors.run_stop_reason(run)})
     if finished and "usage_statistics" not in sent:
-        yield encode(usage_of(actor=actor, run=run))
+        yield encode(agent_selectors.run_usage_event(actor=actor, run=run))
     if run.status == Run.Status.FAILED:
         yield encode_error(error_message(run))
     yield DONE
@@ -263,12 +263,9 @@ def _ending(*, actor: Actor, run_id: str, sent: set[str]) -> Iterator[bytes]:
 
 def _replay_from_database(*, actor: Actor, run: Run, options: StreamOptions) -> Iterator[bytes]:
     """A finished run whose event stream expired: its stored messages, then the ending."""
-    produced = agent_selectors.run_message_list(actor=actor, run_id=run.id).exclude(
-        role__in=[Message.Role.USER, Message.Role.SYSTEM]
-    )
     translator = LettaEventTranslator(StreamOptions(include_types=options.include_types))
     seq = 0
-    for message in produced.order_by("sequence_id").exclude(step__isnull=True, role=Message.Role.APPROVAL):
+    for message in agent_selectors.run_produced_messages(actor=actor, run_id=run.id):
         for letta_message in to_letta_messages(message):
             seq += 1
             item = translator.translate(seq, letta_message)
@@ -277,28 +274,10 @@ def _replay_from_database(*, actor: Actor, run: Run, options: StreamOptions) -> 
     yield from _ending(actor=actor, run_id=run.id, sent=set())
 
 
-def _stop_reason_of(run: Run) -> str:
-    if run.stop_reason:
-        return run.stop_reason
-    return "cancelled" if run.status == Run.Status.CANCELLED else "error"
-
-
-def usage_of(*, actor: Actor, run: Run) -> dict[str, Any]:
-    totals = agent_selectors.run_usage(actor=actor, run_id=run.id)
-    return {
-        "message_type": "usage_statistics",
-        "prompt_tokens": totals["prompt_tokens"],
-        "completion_tokens": totals["completion_tokens"],
-        "total_tokens": totals["total_tokens"],
-        "step_count": totals["step_count"],
-        "run_ids": [run.id],
-    }
-
-
 def error_message(run: Run) -> dict[str, Any]:
     """Letta's LettaErrorMessage for a failed run."""
     detail = (run.error or {}).get("message") or run.metadata.get("error") or ""
-    reason = _stop_reason_of(run)
+    reason = agent_selectors.run_stop_reason(run)
     return {
         "message_type": "error_message",
         "run_id": run.id,
