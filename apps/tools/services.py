@@ -337,7 +337,9 @@ def tool_run(
     InvalidInput (no function to call; the organisation forbids the local sandbox).
     """
     if not actor.can_manage:
-        raise PermissionDenied("Not found: running tool code is limited to organization owners and admins")
+        raise PermissionDenied(
+            "Only owners and admins can run tool code by hand; agents run it when they call the tool."
+        )
     limit = DEFAULT_RETURN_CHAR_LIMIT
     if tool_id is not None:
         tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()

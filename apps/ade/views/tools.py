@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from apps.ade.views.base import AdeRequest, ade_view, is_htmx
-from apps.core.errors import Conflict, InvalidInput
+from apps.core.errors import Conflict, InvalidInput, PermissionDenied
 from apps.tools import selectors as tool_selectors
 from apps.tools import services as tool_services
 from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
@@ -241,10 +241,6 @@ def tool_run(request: AdeRequest) -> HttpResponse:
     def failed(error: str, status: int = 422) -> HttpResponse:
         return render(request, "ade/tools/_run_result.html", {"error": error}, status=status)
 
-    if not request.actor.can_manage:
-        return failed(
-            "Only owners and admins can run tool code by hand; agents run it when they call the tool.", 403
-        )
     text = request.POST.get("args", "").strip() or "{}"
     try:
         args = json.loads(text)
@@ -261,6 +257,8 @@ def tool_run(request: AdeRequest) -> HttpResponse:
         )
     except InvalidInput as exc:
         return failed(exc.message)
+    except PermissionDenied as exc:
+        return failed(exc.message, 403)
     duration_ms = round((time.monotonic() - started) * 1000)
     context = {
         "outcome": outcome,
