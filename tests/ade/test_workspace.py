@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from apps.accounts.models import User
 from apps.agents.services import BlockSpec, agent_create
@@ -64,3 +67,21 @@ def test_signed_out_visitors_are_sent_to_sign_in(client: Client, actor: Actor, l
 
     assert response.status_code == 302
     assert response["Location"].startswith("/login/?next=")
+
+
+def test_partials_do_not_load_the_organisation_switcher(
+    client: Client, user: User, actor: Actor, llm: Any
+) -> None:
+    """Only full pages show the switcher; an HTMX partial reads the memberships once, for the actor."""
+    client.force_login(user)
+    agent = _agent(actor)
+
+    def membership_queries(url: str, **headers: str) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url, **headers).status_code == 200
+        return sum('"accounts_membership"' in q["sql"] for q in queries.captured_queries)
+
+    assert membership_queries(f"/agents/{agent.id}/") == 2  # the actor, then the switcher
+    assert (
+        membership_queries(reverse("ade:conversation-column", args=[agent.id]), HTTP_HX_REQUEST="true") == 1
+    )
