@@ -81,8 +81,8 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     small_count = queries_for_one_turn(send, llm, small)
     big_count = queries_for_one_turn(send, llm, big)
 
-    # The bound (README, "Agent loop"): 24 statements and 6 savepoints for a one-step turn.
-    # Input: agent lock, pending-approval check, run, messages. Start: run, advisory lock, one check for
+    # The bound (README, "Agent loop"): 23 statements and 4 savepoints for a one-step turn.
+    # Input: agent lock (with its last message's role), run, messages. Start: run, advisory lock, one check for
     # orphaned and earlier runs, claim, admit the input (one UPDATE). Loading: agent, provider, messages,
     # blocks, tools, recall and archival counts. The step: cancel check, step, messages, in-context list.
     # Finishing: run and agent (one statement), unlock. After the run, the run's recall embeddings:
