@@ -52,7 +52,7 @@ from apps.accounts.services import api_key_create  # noqa: E402
 from apps.agents.models import Run  # noqa: E402
 from apps.agents.services import BlockSpec, agent_create  # noqa: E402
 from apps.core.actor import Actor, Role  # noqa: E402
-from bench import archival, inprocess, turns  # noqa: E402
+from bench import archival, inprocess, spy, turns  # noqa: E402
 from bench.stack import Platform  # noqa: E402
 from bench.stats import across, percentile  # noqa: E402
 
@@ -496,6 +496,11 @@ def main(argv: list[str]) -> int:
         "--profile", action="store_true", help="write a pyinstrument profile of a worker turn"
     )
     parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="only py-spy profiles of daphne and the workers during simple and memory turns (bench/spy.py)",
+    )
+    parser.add_argument(
         "--worker-pool",
         default="threads",
         help="Celery pool of the 2 workers: threads (default, as make run) or prefork",
@@ -558,7 +563,10 @@ def main(argv: list[str]) -> int:
         web_conn_max_age=args.web_conn_max_age,
     )
     try:
-        measure(cfg, only, results, tenant, platform, profile=args.profile)
+        if args.py_spy:
+            spy_profiles(cfg, tenant, platform)
+        else:
+            measure(cfg, only, results, tenant, platform, profile=args.profile)
     except KeyboardInterrupt:
         log("interrupted: stopping the platform, deleting the benchmark data, keeping what was measured")
         results["interrupted"] = True
@@ -654,6 +662,23 @@ def measure(
             from bench.sandbox_bench import sandbox_figures
 
             results["sandbox"] = sandbox_figures(repeat=cfg["sandbox_repeat"])
+
+
+def spy_profiles(cfg: dict[str, Any], tenant: Tenant, platform: Platform) -> None:
+    """py-spy samples of every platform process during sequential simple, then memory turns."""
+    platform.start()
+    count = cfg["simple_turns"]
+    with httpx.Client(
+        base_url=platform.web_url, headers={"Authorization": f"Bearer {tenant.api_key}"}, timeout=120
+    ) as client:
+        for kind in (turns.SIMPLE, turns.MEMORY):
+            paths = spy.record_turns(
+                client, platform, tenant.agent(), kind=kind, count=count, out_dir=RESULTS_DIR
+            )
+            for path in paths.values():
+                summary = spy.summary(path, turn_count=count)
+                path.with_suffix(".summary.txt").write_text(summary + "\n")
+                log(summary)
 
 
 def turn_phases(

@@ -1,7 +1,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import task_postrun, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -17,3 +17,13 @@ def _preload_litellm(**_: object) -> None:
     from apps.llm._litellm import load
 
     load()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(**_: object) -> None:
+    """Between tasks, as between requests: drop this thread's connection if it broke or outlived
+    CONN_MAX_AGE (CELERY_DB_REUSE_MAX keeps Celery from closing it after every task)."""
+    from django.db import close_old_connections
+
+    close_old_connections()

@@ -52,3 +52,29 @@ def test_a_reader_that_arrives_late_gets_everything_then_nothing_twice(make_agen
 
     assert [e.cursor for e in first_two + rest] == [e.cursor for e in everything]
     assert everything[-1].data["message_type"] == "run_end"
+
+
+def _sessions_opened() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(
+    make_agent, actor, llm, celery_worker
+):
+    # Celery's Django fixup would close it after every task: a new PostgreSQL backend per turn.
+    agent = make_agent(embedding="")
+    for _ in range(3):  # every worker thread has connected once
+        llm.push(text("warm"))
+        run_collect(actor=actor, run_id=submit(actor, agent, "hello").id, timeout_s=30)
+    before = _sessions_opened()
+
+    for _ in range(6):
+        llm.push(text("again"))
+        collected = run_collect(actor=actor, run_id=submit(actor, agent, "hello").id, timeout_s=30)
+        assert collected.run.status == Run.Status.COMPLETED
+
+    assert _sessions_opened() - before < 3
