@@ -6,8 +6,10 @@ here, so the only network traffic is the call to the provider URL a caller chose
 defaults are set before the import because the cost map is loaded during it; an operator may still
 override them.
 
-Connection reuse: litellm caches one OpenAI SDK client per (key, base URL, timeout, max_retries) and
-gives it `litellm.client_session` as its httpx client when one is set. We set one, whose transport
+Connection reuse: OpenAI and OpenAI-compatible calls go through litellm's own HTTP handler (the
+EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER switch below), whose httpx clients litellm caches and reuses.
+Providers litellm still calls through the OpenAI SDK (Azure, some OpenAI-compatible hosts) get one SDK
+client per (key, base URL, timeout, max_retries), with `litellm.client_session` as its httpx client. We set one, whose transport
 finishes reading a server-sent-event stream after its `[DONE]` line: the OpenAI SDK's synchronous
 stream stops reading right there and closes the response, and an HTTP/1.1 response closed before its
 end costs its connection, so without this every streamed step would open a new (TLS) connection.
@@ -29,6 +31,10 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+# OpenAI and OpenAI-compatible calls through litellm's own HTTP handler, not the OpenAI SDK: the SDK's
+# request transformation walks every message against its type annotations, ~4 ms of CPU per call with
+# 20 messages and more as the context grows (bench/RESULTS.md).
+os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "true")
 
 import httpx
 
