@@ -169,6 +169,9 @@ CELERY_DB_REUSE_MAX = 1000
 # Where agent runs execute: "celery" (workers; the web process never calls an LLM) or "in_process"
 # (the request that submits a run executes it before answering: for single-process setups and tests).
 RUN_EXECUTOR = env.str("RUN_EXECUTOR", default="celery")
+# Messages an executing process keeps in memory once loaded (stored messages never change), so a run
+# fetches only those it has not seen; 0: fetch every in-context message on every run.
+MESSAGE_CACHE_SIZE = env.int("MESSAGE_CACHE_SIZE", default=20_000)
 CELERY_BEAT_SCHEDULE = {
     "recover-runs": {
         "task": "agents.recover_runs",

@@ -54,7 +54,8 @@ TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"  # Letta's conversation_search format,
 
 
 def embed_messages(*, actor: Actor, messages: Iterable[Message], embedding_handle: str) -> int:
-    """Fill `embedding`/`embedding_dim` of the searchable messages in one batch; returns how many.
+    """Store the embeddings of the searchable messages in one batch (the given objects are left as they
+    are); returns how many.
 
     Skips system messages, empty texts, already embedded messages, conversation_search's own returns
     and other organisations' messages. Never fails the caller because of the embedding provider: no
@@ -87,10 +88,13 @@ def embed_messages(*, actor: Actor, messages: Iterable[Message], embedding_handl
             },
         )
         return 0
-    for message, vector in zip(todo, vectors, strict=True):
-        message.embedding = vector
-        message.embedding_dim = len(vector)
-    Message.objects.for_actor(actor).bulk_update(todo, ["embedding", "embedding_dim"])
+    # New instances: the given ones may be kept by the loop's message store (stored_messages), which must
+    # not hold vectors.
+    embedded = [
+        Message(id=message.id, embedding=vector, embedding_dim=len(vector))
+        for message, vector in zip(todo, vectors, strict=True)
+    ]
+    Message.objects.for_actor(actor).bulk_update(embedded, ["embedding", "embedding_dim"])
     return len(todo)
 
 

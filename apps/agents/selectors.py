@@ -760,7 +760,7 @@ def agent_context_overview(
         request_config={},
     )
     try:
-        state = runner._load_state(probe, NullSink())
+        state = runner._load_state(probe, NullSink(), keep_messages=False)  # the web process keeps none
     except runner.StopRun as exc:
         return ContextOverview(model=agent.model, breakdown=None, error=exc.error or exc.reason)
 

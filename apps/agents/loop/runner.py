@@ -41,6 +41,7 @@ from apps.agents.loop.context import (
 from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
 from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
+from apps.agents.loop.stored_messages import in_context_messages
 from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
@@ -873,7 +874,9 @@ def _admit_input(run: Run) -> None:
         )
 
 
-def _load_state(run: Run, sink: EventSink) -> LoopState:
+def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> LoopState:
+    """Everything a run works on. keep_messages: reuse and keep this process's loaded messages
+    (apps.agents.loop.stored_messages)."""
     actor = Actor.system(run.organization_id)
     agent = Agent.objects.for_actor(actor).get(id=run.agent_id)
     conversation = (
@@ -891,8 +894,7 @@ def _load_state(run: Run, sink: EventSink) -> LoopState:
         raise StopRun(StopReason.LLM_API_ERROR, str(exc)) from exc
     rules = parse_tool_rules(agent.tool_rules)
     ids = conversation.message_ids if conversation else agent.message_ids
-    by_id = {m.id: m for m in Message.objects.for_actor(actor).filter(id__in=ids).defer("embedding")}
-    in_context = [by_id[i] for i in ids if i in by_id]
+    in_context = in_context_messages(actor, ids, keep=keep_messages)
     blocks = _load_blocks(agent, actor)
     tools = {t.name: t for t in Tool.objects.for_actor(actor).filter(agent_attachments__agent=agent)}
     client_tools = {t["name"]: t for t in run.request_config.get("client_tools") or []}
