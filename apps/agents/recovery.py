@@ -23,11 +23,13 @@ LOST_TASK_GRACE = timedelta(seconds=60)
 WORKER_LOST = "The worker executing this run stopped (crashed or was killed); the run did not finish."
 
 
-def fail_orphaned_runs(*, agent_id: str | None = None) -> list[str]:
-    """Mark RUNNING runs without a live executor as failed. Returns their ids."""
+def fail_orphaned_runs(*, agent_id: str | None = None, exclude_run_id: str | None = None) -> list[str]:
+    """Mark RUNNING runs without a live executor as failed (but `exclude_run_id`). Returns their ids."""
     running = Run.objects.unscoped().filter(status=Run.Status.RUNNING)
     if agent_id is not None:
         running = running.filter(agent_id=agent_id)
+    if exclude_run_id is not None:
+        running = running.exclude(id=exclude_run_id)
     failed = []
     for run in running.only("id", "agent_id", "conversation_id"):
         if conversation_is_locked(run.agent_id, run.conversation_id):

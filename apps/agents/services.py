@@ -441,7 +441,9 @@ def agent_send_message(
     """Persist the input and process it now, in this process (the workers issue moves execution to Celery;
     see run_create for the input and its errors)."""
     run = run_create(actor=actor, agent_id=agent_id, **inputs)
-    result = _execute_when_its_turn(lambda: execute_run(run.id, sink=sink))
+    result = _execute_when_its_turn(
+        lambda: execute_run(run.id, sink=sink, agent_id=run.agent_id, conversation_id=run.conversation_id)
+    )
     if result is None:  # claimed by someone else in between: report its current state
         run.refresh_from_db()
         return TurnResult(run=run, messages=[], stop_reason=run.stop_reason, usage=Usage())
@@ -493,9 +495,15 @@ def run_submit(run: Run) -> None:
     """Have the run executed once the current transaction commits (by a worker, or in this process
     when RUN_EXECUTOR=in_process). Its events arrive in the run's stream (apps.streams.events)."""
     if settings.RUN_EXECUTOR == "in_process":
-        transaction.on_commit(lambda: _execute_when_its_turn(lambda: execute_run_streamed(run.id)))
+        transaction.on_commit(
+            lambda: _execute_when_its_turn(
+                lambda: execute_run_streamed(
+                    run.id, agent_id=run.agent_id, conversation_id=run.conversation_id
+                )
+            )
+        )
     else:
-        transaction.on_commit(lambda: execute_run_task.delay(run.id))
+        transaction.on_commit(lambda: execute_run_task.delay(run.id, run.agent_id, run.conversation_id))
 
 
 @dataclass

@@ -20,11 +20,14 @@ DEFER_SECONDS = 0.25
     time_limit=1900,
     max_retries=None,
 )
-def execute_run_task(self: Task, run_id: str) -> None:
+def execute_run_task(
+    self: Task, run_id: str, agent_id: str | None = None, conversation_id: str | None = None
+) -> None:
     """Run an agent turn, streaming its events to Redis. Idempotent: a claimed run is left alone.
-    While an earlier run of the same conversation is unfinished, try again shortly (keeps order)."""
+    While an earlier run of the same conversation is unfinished, try again shortly (keeps order).
+    agent_id/conversation_id: the run's (a send passes them; the run is read when they are absent)."""
     try:
-        execute_run_streamed(run_id)
+        execute_run_streamed(run_id, agent_id=agent_id, conversation_id=conversation_id)
     except RunDeferred as exc:
         raise self.retry(countdown=DEFER_SECONDS) from exc
 

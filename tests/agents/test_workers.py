@@ -1,8 +1,10 @@
 """Runs executed by a real Celery worker, their events streamed through Redis."""
 
+import time
+
 import pytest
 
-from apps.agents.models import Message, Run
+from apps.agents.models import Message, Run, Step
 from apps.agents.services import MessageIn, run_collect, run_create, run_submit
 from apps.streams.events import read_events
 from tests.support.scripted_llm import text, tool_call, tool_calls
@@ -78,3 +80,17 @@ def test_a_worker_keeps_its_database_connection_from_one_run_to_the_next(
         assert collected.run.status == Run.Status.COMPLETED
 
     assert _sessions_opened() - before < 3
+
+
+def test_a_worker_stores_each_steps_provider_trace_after_the_answer(make_agent, actor, llm, celery_worker):
+    agent = make_agent(embedding="")
+    llm.push(text("traced by a worker"))
+    run = submit(actor, agent, "hello")
+    run_collect(actor=actor, run_id=run.id, timeout_s=30)
+
+    deadline = time.monotonic() + 10
+    while (step := Step.all_objects.get(run=run)).response_json is None:
+        assert time.monotonic() < deadline, "the trace was never stored"
+        time.sleep(0.05)
+    assert step.response_json["choices"][0]["message"]["content"] == "traced by a worker"
+    assert step.request_json["messages"][-1] == {"role": "user", "content": "hello"}

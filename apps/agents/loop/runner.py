@@ -25,7 +25,6 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.agents.custom_tools import run_custom_tool
@@ -111,6 +110,8 @@ class TurnResult:
     # For recall's embeddings, after the run (embed_for_recall): the input and what was produced.
     to_embed: list[Message] = field(default_factory=list)
     embedding_handle: str = ""
+    # Provider traces of its steps, stored after the answer (store_traces): (step id, request, response).
+    traces: list[tuple[str, Any, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -137,6 +138,7 @@ class LoopState:
     warned: bool = False
     token_counts: dict[str, int] = field(default_factory=dict)
     inputs: list[Message] = field(default_factory=list)  # the run's user messages (for recall embeddings)
+    traces: list[tuple[str, Any, Any]] = field(default_factory=list)  # (step id, request, response)
 
 
 class StopRun(Exception):
@@ -151,20 +153,56 @@ class RunDeferred(Exception):
 
 
 def execute_run(
-    run_id: str, *, sink: EventSink | None = None, defer_embeddings: bool = False
+    run_id: str,
+    *,
+    sink: EventSink | None = None,
+    defer_after_run: bool = False,
+    agent_id: str | None = None,
+    conversation_id: str | None = None,
 ) -> TurnResult | None:
     """Drive one run to a terminal state, holding its conversation's lock (apps.agents.locks).
 
     Idempotent: a run that is not `created` is left alone (returns None). Raises RunDeferred while an
     earlier run of the same agent conversation is unfinished, so runs execute one at a time, in order.
-    The run's messages get their recall embeddings at the end, in one batch (one provider call per run,
-    not per step); with defer_embeddings the caller does it (embed_for_recall), e.g. after closing the
-    run's stream so no reader waits for it.
+    At the end the run's steps get their provider traces and its messages their recall embeddings, in
+    one batch each (after_run); with defer_after_run the caller does it, e.g. after closing the run's
+    stream so no reader waits for it.
     """
-    result = _execute_run(run_id, sink=sink)
-    if result is not None and not defer_embeddings:
-        embed_for_recall(result)
+    result = _execute_run(run_id, sink=sink, agent_id=agent_id, conversation_id=conversation_id)
+    if result is not None and not defer_after_run:
+        after_run(result)
     return result
+
+
+def after_run(result: TurnResult) -> None:
+    """What no reader of the run waits for: its steps' provider traces, then recall embeddings."""
+    store_traces(result)
+    embed_for_recall(result)
+
+
+def store_traces(result: TurnResult) -> None:
+    """The exact request and response of each step, in one statement for the run (GET /v1/steps/{id}/trace
+    has them once the run has answered). A worker that dies before this leaves the steps without traces."""
+    if not result.traces:
+        return
+    json_field = Step._meta.get_field("request_json")
+    rows = [
+        (
+            step_id,
+            json_field.get_db_prep_save(request, connection),
+            json_field.get_db_prep_save(response, connection),
+        )
+        for step_id, request, response in result.traces
+    ]
+    values = ", ".join(["(%s, %s::jsonb, %s::jsonb)"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Step._meta.db_table} AS step SET request_json = trace.request, response_json = trace.response
+            FROM (VALUES {values}) AS trace (id, request, response) WHERE step.id = trace.id
+            """,
+            [value for row in rows for value in row],
+        )
 
 
 def embed_for_recall(result: TurnResult) -> None:
@@ -179,42 +217,85 @@ def embed_for_recall(result: TurnResult) -> None:
         )
 
 
-def _execute_run(run_id: str, *, sink: EventSink | None) -> TurnResult | None:
-    run = Run.objects.unscoped().filter(id=run_id).first()
-    if run is None or run.status != Run.Status.CREATED:
-        return None
-    with conversation_lock(run.agent_id, run.conversation_id) as acquired:
+def _execute_run(
+    run_id: str, *, sink: EventSink | None, agent_id: str | None = None, conversation_id: str | None = None
+) -> TurnResult | None:
+    """agent_id (with conversation_id): the run's, when the caller knows them (the task that the send
+    enqueued carries them), so the lock is taken without reading the run first."""
+    if agent_id is None:
+        known = Run.objects.unscoped().filter(id=run_id).values_list("agent_id", "conversation_id", "status")
+        row = known.first()
+        if row is None or row[2] != Run.Status.CREATED:
+            return None
+        agent_id, conversation_id = row[0], row[1]
+    with conversation_lock(agent_id, conversation_id) as acquired:
         if not acquired:
             raise RunDeferred(run_id)
-        # One query for both: RUNNING runs of this agent (ours are orphaned: we hold the lock) and an
-        # earlier run of this conversation still waiting (it goes first).
-        others = list(
-            Run.objects.unscoped()
-            .filter(agent_id=run.agent_id)
-            .filter(
-                Q(status=Run.Status.RUNNING)
-                | Q(
-                    status=Run.Status.CREATED,
-                    conversation_id=run.conversation_id,
-                    created_at__lt=run.created_at,
-                )
-            )
-            .values_list("status", flat=True)[:1000]
-        )
-        if Run.Status.RUNNING in others:
-            fail_orphaned_runs(agent_id=run.agent_id)
-        if Run.Status.CREATED in others:
-            raise RunDeferred(run_id)
-        started_at = timezone.now()
-        claimed = (
-            Run.objects.unscoped()
-            .filter(id=run_id, status=Run.Status.CREATED)
-            .update(status=Run.Status.RUNNING, started_at=started_at)
-        )
-        if not claimed:
-            return None
-        run.status, run.started_at = Run.Status.RUNNING, started_at  # what the claim wrote: no reload
+        run, orphans, earlier_waiting = _claim(run_id, agent_id, conversation_id)
+        if orphans:  # RUNNING runs of this agent besides ours: we hold the lock, so theirs are orphaned
+            fail_orphaned_runs(agent_id=agent_id, exclude_run_id=run_id)
+        if run is None:
+            if earlier_waiting:  # an earlier run of this conversation goes first
+                raise RunDeferred(run_id)
+            return None  # not `created` (any more): executed or cancelled already
         return _drive(run, sink or NullSink())
+
+
+def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run | None, bool, bool]:
+    """Claim the run (created -> running) unless an earlier run of its conversation still waits, in one
+    statement. Returns (the claimed run or None, whether other runs of the agent are RUNNING, whether an
+    earlier run of the conversation waits). The caller holds the conversation's lock."""
+    table = Run._meta.db_table
+    created, running = Run.Status.CREATED, Run.Status.RUNNING
+    params = {
+        "id": run_id,
+        "agent": agent_id,
+        "conversation": conversation_id,
+        "created": created,
+        "running": running,
+        "now": timezone.now(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH others AS (
+                SELECT status FROM {table}
+                WHERE agent_id = %(agent)s AND id <> %(id)s AND (
+                    status = %(running)s
+                    OR (status = %(created)s AND conversation_id IS NOT DISTINCT FROM %(conversation)s
+                        AND created_at < (SELECT created_at FROM {table} WHERE id = %(id)s))
+                )
+                LIMIT 1000
+            ), claimed AS (
+                UPDATE {table} SET status = %(running)s, started_at = %(now)s
+                WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
+                  AND conversation_id IS NOT DISTINCT FROM %(conversation)s
+                  AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
+                RETURNING *
+            )
+            SELECT claimed.*,
+                   EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
+                   EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
+            FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+            """,
+            params,
+        )
+        row = cursor.fetchone()
+        columns = [column.name for column in cursor.description]
+    *values, orphans, earlier_waiting = row
+    if values[columns.index("id")] is None:
+        return None, orphans, earlier_waiting
+    by_column = dict(zip(columns, values, strict=False))
+    fields = Run._meta.concrete_fields
+    # In the model's field order (Model.from_db expects it), converted as the ORM's query would (JSONField
+    # parses its text).
+    converted = [
+        field.from_db_value(by_column[field.column], None, connection)
+        if hasattr(field, "from_db_value")
+        else by_column[field.column]
+        for field in fields
+    ]
+    return Run.from_db(connection.alias, [f.attname for f in fields], converted), orphans, earlier_waiting
 
 
 def _drive(run: Run, sink: EventSink) -> TurnResult:
@@ -286,8 +367,7 @@ def _step(state: LoopState) -> StopRun | None:
     step.total_tokens = response.prompt_tokens + response.completion_tokens
     step.reasoning_tokens = response.reasoning_tokens or None
     step.latency_ms = response.latency_ms
-    step.request_json = response.raw.get("request")
-    step.response_json = response.raw.get("response")
+    state.traces.append((step.id, response.raw.get("request"), response.raw.get("response")))
     step.status = Step.Status.SUCCESS
 
     calls = response.tool_calls
@@ -817,22 +897,39 @@ def _tool_message(
 
 
 def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop_reason: str = "") -> None:
-    """One transaction per step: the step, its messages and the new in-context list."""
+    """One transaction per step: the step, its messages and the new in-context list.
+
+    The step's provider trace (the exact request and response) is stored after the run's answer
+    (store_traces): at hundreds of in-context messages it is the largest write of a step."""
     step.stop_reason = stop_reason
     with transaction.atomic():
         step.save(force_insert=True)
         Message.all_objects.bulk_create(messages)
         state.in_context.extend(messages)
-        _save_in_context(state)
+        _append_in_context(state, messages)
     state.produced.extend(messages)
 
 
 def _save_in_context(state: LoopState) -> None:
+    """Store the whole in-context list (after a compaction or an alert; steps append)."""
     ids = [m.id for m in state.in_context]
     if state.conversation is not None:
         Conversation.all_objects.filter(id=state.conversation.id).update(message_ids=ids)
     else:
         Agent.all_objects.filter(id=state.agent.id).update(message_ids=ids)
+
+
+def _append_in_context(state: LoopState, messages: list[Message]) -> None:
+    """Append to the stored in-context list: sends the new ids, not the hundreds already there."""
+    if not messages:
+        return
+    holder = Conversation if state.conversation is not None else Agent
+    holder_id = state.conversation.id if state.conversation is not None else state.agent.id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] WHERE id = %s",
+            [[m.id for m in messages], holder_id],
+        )
 
 
 def _emit_message(state: LoopState, message: Message) -> None:
@@ -969,6 +1066,7 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         usage=state.usage,
         to_embed=[*state.inputs, *state.produced],
         embedding_handle=state.agent.embedding,
+        traces=state.traces,
     )
 
 
@@ -1033,12 +1131,16 @@ def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:
     return TurnResult(run=run, messages=[], stop_reason=reason, usage=Usage())
 
 
-def execute_run_streamed(run_id: str) -> TurnResult | None:
+def execute_run_streamed(
+    run_id: str, *, agent_id: str | None = None, conversation_id: str | None = None
+) -> TurnResult | None:
     """execute_run with its events in the run's Redis stream, closed by an end event."""
     sink = RedisStreamSink(run_id)
-    result = execute_run(run_id, sink=sink, defer_embeddings=True)
+    result = execute_run(
+        run_id, sink=sink, defer_after_run=True, agent_id=agent_id, conversation_id=conversation_id
+    )
     if result is not None:
         if not sink.ended:  # a run that failed before it started has no closing events yet
             end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
-        embed_for_recall(result)
+        after_run(result)
     return result
