@@ -57,9 +57,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    # Last: keeps the whole chain synchronous under ASGI (no thread hop per middleware; see its docstring).
-    "apps.core.middleware.SyncChainMiddleware",
 ]
+# Under ASGI the chain and the views run synchronously in one thread hop: apps.core.asgi.
 
 ROOT_URLCONF = "config.urls"
 # The Letta SDK's paths are exact about trailing slashes; never redirect (a 301 turns POST into GET).

@@ -1,0 +1,102 @@
+"""The platform's ASGI application (config.asgi) serves HTTP through apps.core.asgi: answers, errors,
+and streams sent event by event."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.testing import ApplicationCommunicator
+
+from apps.accounts.models import User
+from apps.accounts.services import api_key_create
+from apps.streams.events import append_event
+from config.asgi import application
+from tests.api.test_messages_api import new_agent
+from tests.api.test_runs_api import fast_streams, finish, make_run, message_event  # noqa: F401
+from tests.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def scope(method: str, path: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"host", b"localhost"), *((k.encode(), v.encode()) for k, v in (headers or {}).items())],
+        "client": ("127.0.0.1", 1234),
+        "server": ("localhost", 80),
+    }
+
+
+async def call(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple:
+    app = ApplicationCommunicator(application, scope(method, path, headers))
+    await app.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await app.receive_output(timeout=10)
+    chunks = []
+    while True:
+        message = await app.receive_output(timeout=10)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return start["status"], b"".join(chunks)
+
+
+def key_for(actor) -> str:
+    return api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="asgi").raw_key
+
+
+def test_a_json_answer_and_a_json_error(actor):
+    key = key_for(actor)
+
+    ok_status, ok_body = async_to_sync(call)("GET", "/v1/health/")
+    missing_status, missing_body = async_to_sync(call)(
+        "GET", "/v1/agents/agent-missing", headers={"authorization": f"Bearer {key}"}
+    )
+
+    assert (ok_status, json.loads(ok_body)["status"]) == (200, "ok")
+    assert missing_status == 404
+    assert "agent-missing" in json.loads(missing_body)["detail"]
+
+
+def test_a_stream_sends_each_event_as_it_comes(actor, fast_streams):  # noqa: F811
+    agent = new_agent(actor)
+    run = make_run(actor, agent, status="running")
+    first = MessageFactory(organization_id=actor.organization_id, agent=agent, run=run, role="assistant")
+    append_event(run.id, message_event(first))
+    key = key_for(actor)
+
+    async def attach() -> tuple[int, bytes, bytes]:
+        app = ApplicationCommunicator(
+            application,
+            scope(
+                "POST",
+                f"/v1/runs/{run.id}/stream",
+                {"authorization": f"Bearer {key}", "content-type": "application/json"},
+            ),
+        )
+        await app.send_input({"type": "http.request", "body": b"{}", "more_body": False})
+        start = await app.receive_output(timeout=10)
+        before_the_end = b""
+        while first.id.encode() not in before_the_end:  # a buffering server would wait for the run's end
+            before_the_end += (await app.receive_output(timeout=10)).get("body", b"")
+        await sync_to_async(finish, thread_sensitive=False)(run)
+        rest = b""
+        while True:
+            message = await app.receive_output(timeout=10)
+            rest += message.get("body", b"")
+            if not message.get("more_body"):
+                return start["status"], before_the_end, rest
+
+    status, before_the_end, rest = async_to_sync(attach)()
+
+    assert status == 200
+    assert first.id.encode() in before_the_end
+    assert rest.endswith(b"data: [DONE]\n\n")
