@@ -178,19 +178,20 @@ def _block_write(
     fields = {name: getattr(block, name) for name in changes}
     if user_id:
         fields["last_updated_by_id"] = user_id
-    try:
-        with transaction.atomic():
-            updated = (
-                Block.objects.for_org(block.organization_id)
-                .filter(id=block.id, version=block.version)
-                .update(version=F("version") + 1, **fields)
-            )
-            if "label" in changes:
+    versioned = Block.objects.for_org(block.organization_id).filter(id=block.id, version=block.version)
+    if "label" in changes:
+        try:
+            with (
+                transaction.atomic()
+            ):  # a savepoint: a duplicate label must not break the caller's transaction
+                updated = versioned.update(version=F("version") + 1, **fields)
                 AgentBlock.objects.filter(block_id=block.id).update(block_label=block.label)
-    except IntegrityError as exc:
-        raise DuplicateBlockLabel(
-            f"An agent using this block already has another block labelled '{block.label}'"
-        ) from exc
+        except IntegrityError as exc:
+            raise DuplicateBlockLabel(
+                f"An agent using this block already has another block labelled '{block.label}'"
+            ) from exc
+    else:  # a value edit (the memory tools): no savepoint round trips
+        updated = versioned.update(version=F("version") + 1, **fields)
     if updated != 1:
         raise BlockConcurrentUpdate(f"Block '{block.label}' was changed concurrently; retry")
     block.version += 1

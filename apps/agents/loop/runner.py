@@ -325,7 +325,8 @@ def _loop(state: LoopState) -> StopRun:
     if state.produced and _ends_turn(state, state.produced):  # a resumed call was terminal
         return StopRun(StopReason.TOOL_RULE)
     while state.usage.step_count < max_steps:
-        _raise_if_cancelled(state)
+        if state.usage.step_count:  # the first step follows the claim, which found the run not cancelled
+            _raise_if_cancelled(state)
         stop = _step(state)
         if stop is not None:
             return stop
