@@ -461,6 +461,9 @@ def print_table(results: dict[str, Any]) -> str:
         "",
         f"machine: {m['cores']} cores, {m['memory_gib']} GiB, load average at start {m['load_at_start']}; "
         f"commit {results['commit']}; {results['date']}",
+        f"machine speed (a fixed workload, min/median ms; lower is faster): at start "
+        f"{m.get('speed_at_start_ms')}, at end {m.get('speed_at_end_ms')}; CPU steal during the run: "
+        f"{m.get('cpu_steal_percent', 'n/a')}%",
         f"{'figure':62} {'median':>12} {'spread':>9} {'unit':>11}  bar",
     ]
     for name, value, spread, unit, bar in rows(results):
@@ -472,6 +475,29 @@ def print_table(results: dict[str, Any]) -> str:
     text = "\n".join(lines)
     print(text, flush=True)
     return text
+
+
+def machine_speed_ms(repeats: int = 7) -> dict[str, float]:
+    """A fixed CPU-bound workload (JSON round trips of a message-like document), timed `repeats` times:
+    the minimum is the machine's speed, the median shows contention. Compare runs with it: these
+    machines are virtual and their speed changes with their neighbours' load."""
+    document = [{"role": "user", "content": f"Message number {i} " * 4, "id": i} for i in range(400)]
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(20):
+            json.loads(json.dumps(document))
+        times.append((time.perf_counter() - started) * 1000)
+    return {"min": round(min(times), 2), "median": round(percentile(times, 50), 2)}
+
+
+def cpu_steal_ticks() -> tuple[int, int] | None:
+    """(steal, total) ticks of all CPUs so far (Linux /proc/stat): CPU time the hypervisor gave away."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
 
 
 def commit() -> str:
@@ -541,6 +567,7 @@ def main(argv: list[str]) -> int:
             "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "load_at_start": [round(x, 2) for x in os.getloadavg()],
+            "speed_at_start_ms": machine_speed_ms(),
             "python": host.python_version(),
         },
         "config": {
@@ -552,6 +579,7 @@ def main(argv: list[str]) -> int:
             + ("" if args.web_db_pool != "0" else f", DATABASE_CONN_MAX_AGE={args.web_conn_max_age}"),
         },
     }
+    steal_start = cpu_steal_ticks()
     phases = ", ".join(p for p in PHASES if p in only)
     log(f"{os.cpu_count()} cores; phases: {phases}{' (quick)' if args.quick else ''}")
     tenant = Tenant()
@@ -576,6 +604,10 @@ def main(argv: list[str]) -> int:
         platform.stop()
         with phase("clean up benchmark data", results):
             tenant.delete()
+    results["machine"]["speed_at_end_ms"] = machine_speed_ms()
+    if steal_start is not None and (steal_end := cpu_steal_ticks()) is not None:
+        ticks = max(1, steal_end[1] - steal_start[1])
+        results["machine"]["cpu_steal_percent"] = round(100 * (steal_end[0] - steal_start[0]) / ticks, 1)
     results["total_seconds"] = round(time.monotonic() - STARTED, 1)
     table = print_table(results)
     log(f"total {results['total_seconds']} s")
