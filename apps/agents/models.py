@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import json
+import zlib
+from typing import Any
+
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.contrib.postgres.search import SearchVector
@@ -240,14 +244,41 @@ class Step(OrgOwnedModel):
     tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     error_type = models.CharField(max_length=200, blank=True, default="")
     error_data = models.JSONField(null=True, blank=True)
-    request_json = models.JSONField(null=True, blank=True, help_text="The exact request sent to the LLM.")
-    response_json = models.JSONField(null=True, blank=True)
+    trace = models.BinaryField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The exact request sent to the LLM and its response (pack_trace): zlib-compressed JSON.",
+    )
 
     class Meta:
         ordering = ["created_at"]
 
     def __str__(self) -> str:
         return self.id
+
+    @property
+    def request_json(self) -> Any:
+        return unpack_trace(self.trace).get("request")
+
+    @property
+    def response_json(self) -> Any:
+        return unpack_trace(self.trace).get("response")
+
+
+TRACE_COMPRESSION_LEVEL = 1
+"""zlib's fastest level: a step's trace holds its whole context (hundreds of messages, ~100 KB of JSON),
+so it is the largest write of a step; compressed it is several times smaller, and PostgreSQL stores the
+bytes as they are instead of parsing JSON and compressing it again."""
+
+
+def pack_trace(request: Any, response: Any) -> bytes:
+    document = json.dumps({"request": request, "response": response}, separators=(",", ":"), default=str)
+    return zlib.compress(document.encode(), TRACE_COMPRESSION_LEVEL)
+
+
+def unpack_trace(trace: bytes | memoryview | None) -> dict[str, Any]:
+    return json.loads(zlib.decompress(trace)) if trace else {}
 
 
 class Message(OrgOwnedModel):

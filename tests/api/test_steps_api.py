@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from apps.agents.models import Agent, Run, Step
+from apps.agents.models import Agent, Run, Step, pack_trace
 from apps.core.actor import Actor
 from tests.api.test_messages_api import AUTH_QUERIES, new_agent, types
 from tests.factories import MessageFactory
@@ -90,8 +90,7 @@ def test_a_step_has_lettas_shape(client, actor):
         completion_tokens=3,
         total_tokens=15,
         latency_ms=40,
-        request_json={"messages": []},
-        response_json={"choices": []},
+        trace=pack_trace({"messages": []}, {"choices": []}),
     )
 
     body = client.get(f"/v1/steps/{step.id}").json()

@@ -41,7 +41,7 @@ from apps.agents.loop.convert import send_message_text, to_letta_messages, to_ll
 from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
 from apps.agents.loop.stored_messages import in_context_messages
-from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason
+from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason, pack_trace
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
 from apps.agents.recovery import fail_orphaned_runs
@@ -181,26 +181,17 @@ def after_run(result: TurnResult) -> None:
 
 
 def store_traces(result: TurnResult) -> None:
-    """The exact request and response of each step, in one statement for the run (GET /v1/steps/{id}/trace
-    has them once the run has answered). A worker that dies before this leaves the steps without traces."""
+    """The exact request and response of each step, compressed (Step.trace), in one statement for the run
+    (GET /v1/steps/{id}/trace has them once the run has answered). A worker that dies before this leaves
+    the steps without traces."""
     if not result.traces:
         return
-    json_field = Step._meta.get_field("request_json")
-    rows = [
-        (
-            step_id,
-            json_field.get_db_prep_save(request, connection),
-            json_field.get_db_prep_save(response, connection),
-        )
-        for step_id, request, response in result.traces
-    ]
-    values = ", ".join(["(%s, %s::jsonb, %s::jsonb)"] * len(rows))
+    rows = [(step_id, pack_trace(request, response)) for step_id, request, response in result.traces]
+    values = ", ".join(["(%s, %s::bytea)"] * len(rows))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            UPDATE {Step._meta.db_table} AS step SET request_json = trace.request, response_json = trace.response
-            FROM (VALUES {values}) AS trace (id, request, response) WHERE step.id = trace.id
-            """,
+            f"UPDATE {Step._meta.db_table} AS step SET trace = packed.trace "
+            f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
             [value for row in rows for value in row],
         )
 
