@@ -298,9 +298,12 @@ def test_context_length_exceeded(litellm: ModuleType, server: ScriptedLLMServer,
 def test_retries_consume_error_turns(
     litellm: ModuleType, server: ScriptedLLMServer, llm: ScriptedLLM
 ) -> None:
-    """litellm's OpenAI client retries 5xx; an error with ``times`` covers retries, then the script resumes."""
+    """An error with ``times`` answers that many requests (a client's retries), then the script resumes."""
     llm.push(error(500, "flaky", times=2, headers={"retry-after-ms": "10"}), text("recovered"))
-    resp = _complete(litellm, server, max_retries=2)
+    for _ in range(2):
+        with pytest.raises(litellm.InternalServerError):
+            _complete(litellm, server)
+    resp = _complete(litellm, server)
     assert resp.choices[0].message.content == "recovered"
     assert len(llm.chat_requests()) == 3
 
