@@ -1,9 +1,11 @@
 """A run's in-context messages, fetched from the database only when this process has not seen them.
 
-A stored message never changes: no code path updates or deletes a message row (the loop appends new
-ones; an agent's or organisation's deletion removes all of theirs), apart from recall's embedding
-columns, which are not loaded here. So a process keeps the messages it has loaded, by id, and each
-run fetches only the ones it has not seen yet, usually the input and output of the previous run.
+A stored message's content never changes: the loop appends new messages and no code path edits or
+deletes one (an agent's or organisation's deletion removes all of theirs). What does change is not read
+from kept messages: recall's embedding columns (not loaded here), and run/step ids set to NULL when a run
+or step is deleted (the loop compares run ids only for its own run's input). So a process keeps the
+messages it has loaded, by id, and each run fetches only the ones it has not seen yet, usually the input
+and output of the previous run. A feature that edits messages must give them new ids or drop them here.
 Loading every in-context message through the ORM cost ~7 ms at 200 messages and ~17 ms at 600 per
 run (bench/RESULTS.md).
 
