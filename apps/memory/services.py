@@ -181,9 +181,8 @@ def _block_write(
     versioned = Block.objects.for_org(block.organization_id).filter(id=block.id, version=block.version)
     if "label" in changes:
         try:
-            with (
-                transaction.atomic()
-            ):  # a savepoint: a duplicate label must not break the caller's transaction
+            # A savepoint: a duplicate label must not break the caller's transaction.
+            with transaction.atomic():
                 updated = versioned.update(version=F("version") + 1, **fields)
                 AgentBlock.objects.filter(block_id=block.id).update(block_label=block.label)
         except IntegrityError as exc:
