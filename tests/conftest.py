@@ -142,3 +142,12 @@ def send(actor: Actor) -> Callable[..., Any]:
         return result
 
     return do
+
+
+@pytest.fixture
+def fast_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSE readers poll every 50 ms and give up after 20 s (tests that follow a run's stream)."""
+    from apps.api import sse
+
+    monkeypatch.setattr(sse, "POLL_MS", 50)
+    monkeypatch.setattr(sse, "FOLLOW_TIMEOUT_S", 20.0)

@@ -27,12 +27,6 @@ def client(actor: Actor, api_client_for: Any) -> APIClient:
     return api_client_for(actor)
 
 
-@pytest.fixture
-def fast_streams(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sse, "POLL_MS", 50)
-    monkeypatch.setattr(sse, "FOLLOW_TIMEOUT_S", 20.0)
-
-
 def make_run(actor: Actor, agent: Any, **fields: Any) -> Run:
     return Run.objects.for_actor(actor).create(agent=agent, **fields)
 

@@ -15,7 +15,7 @@ from apps.accounts.services import api_key_create
 from apps.streams.events import append_event
 from config.asgi import application
 from tests.api.test_messages_api import new_agent
-from tests.api.test_runs_api import fast_streams, finish, make_run, message_event  # noqa: F401
+from tests.api.test_runs_api import finish, make_run, message_event
 from tests.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +66,7 @@ def test_a_json_answer_and_a_json_error(actor):
     assert "agent-missing" in json.loads(missing_body)["detail"]
 
 
-def test_a_stream_sends_each_event_as_it_comes(actor, fast_streams):  # noqa: F811
+def test_a_stream_sends_each_event_as_it_comes(actor, fast_streams):
     agent = new_agent(actor)
     run = make_run(actor, agent, status="running")
     first = MessageFactory(organization_id=actor.organization_id, agent=agent, run=run, role="assistant")
