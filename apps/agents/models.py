@@ -83,6 +83,11 @@ class Agent(OrgOwnedModel):
         blank=True,
         help_text="In-context messages of the default conversation, in order (the first is the system message).",
     )
+    message_count = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Stored messages of the default conversation, kept by a database trigger (migration 0005).",
+    )
 
     enable_sleeptime = models.BooleanField(default=False)
     sleeptime_agent_frequency = models.PositiveIntegerField(default=5)
@@ -164,6 +169,9 @@ class Conversation(OrgOwnedModel):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="conversations")
     summary = models.CharField(max_length=500, blank=True, default="")
     message_ids = ArrayField(models.CharField(max_length=ID_MAX_LENGTH), default=list, blank=True)
+    message_count = models.BigIntegerField(
+        default=0, editable=False, help_text="Stored messages, kept by a database trigger (migration 0005)."
+    )
     created_by = models.ForeignKey(
         "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -570,7 +570,7 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
         _save_in_context(state)
     state.warned = False
     state.stats = _memory_stats(
-        state.agent, state.actor, state.conversation, len(state.in_context), state.blocks
+        state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
     )
     state.sink.emit(
         {
@@ -736,7 +736,7 @@ def _run_tool_call(
         state.blocks = _load_blocks(state.agent, state.actor)
         if name in ARCHIVAL_WRITE_TOOLS:
             state.stats = _memory_stats(
-                state.agent, state.actor, state.conversation, len(state.in_context), state.blocks
+                state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
             )
         else:  # a block edit: the recall and archival counts are what they were
             state.stats = dataclasses.replace(
@@ -1011,15 +1011,26 @@ def _load_blocks(agent: Agent, actor: Actor) -> list[Block]:
 
 
 def _memory_stats(
-    agent: Agent, actor: Actor, conversation: Conversation | None, in_context_count: int, blocks: list[Block]
+    agent: Agent,
+    actor: Actor,
+    conversation: Conversation | None,
+    in_context_count: int,
+    blocks: list[Block],
+    *,
+    fresh: bool = True,
 ) -> MemoryStats:
-    # `agent` is the actor's already; without the organisation filter (not in the index) the count is an
-    # index-only scan of message_agent_conv_seq_idx: 102 -> 7 ms at 100k messages (vacuumed table).
-    recall = Message.all_objects.filter(agent_id=agent.id, conversation=conversation).count()
+    """fresh: `agent`/`conversation` were just read, so their message count (kept by a trigger, migration
+    agents 0005) is current; otherwise (later in a run, which has stored messages since) it is read again."""
+    holder = conversation or agent
+    stored = (
+        holder.message_count
+        if fresh
+        else type(holder).all_objects.filter(id=holder.id).values_list("message_count", flat=True).get()
+    )
     count, tags = agent_archival_stats(actor=actor, agent_id=agent.id)  # kept per archive, not counted
     return MemoryStats(
         last_memory_edit=max((b.updated_at for b in blocks), default=None),
-        recall_message_count=max(0, recall - in_context_count),
+        recall_message_count=max(0, stored - in_context_count),
         archival_passage_count=count,
         archival_tags=sorted(tags),
     )

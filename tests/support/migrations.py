@@ -1,0 +1,30 @@
+"""Running a data migration in a test: migrate back, write rows the old way, migrate forward, and
+always leave the database at the latest migrations for the tests that follow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from django.apps.registry import Apps
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+
+@contextmanager
+def migrated_from(
+    before: list[tuple[str, str]],
+) -> Iterator[tuple[Apps, Callable[[list[tuple[str, str]]], None]]]:
+    """Yields (the models as of `before`, a function that migrates forward to a target)."""
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    executor.migrate(before)
+
+    def forward(target: list[tuple[str, str]]) -> None:
+        step = MigrationExecutor(connection)
+        step.migrate(target)
+
+    try:
+        yield executor.loader.project_state(before).apps, forward
+    finally:
+        MigrationExecutor(connection).migrate(latest)
