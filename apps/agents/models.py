@@ -54,6 +54,17 @@ class StopReason(models.TextChoices):
     CONTEXT_WINDOW_OVERFLOW_IN_SYSTEM_PROMPT = "context_window_overflow_in_system_prompt"
 
 
+def save_without_message_count(instance: models.Model, save: Any, *args: Any, **kwargs: Any) -> None:
+    """`message_count` belongs to the triggers of migration 0005: saving an existing row writes every
+    other field (a full save, e.g. the admin's change form, would write back the count it loaded and
+    lose the messages stored since)."""
+    if not instance._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+        kwargs["update_fields"] = [
+            f.name for f in instance._meta.concrete_fields if not f.primary_key and f.name != "message_count"
+        ]
+    save(*args, **kwargs)
+
+
 class Agent(OrgOwnedModel):
     """A stateful agent: a row, not a process. Everything the loop needs is here or one join away."""
 
@@ -129,6 +140,9 @@ class Agent(OrgOwnedModel):
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        save_without_message_count(self, super().save, *args, **kwargs)
+
 
 class AgentTool(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tool_attachments")
@@ -181,6 +195,9 @@ class Conversation(OrgOwnedModel):
 
     def __str__(self) -> str:
         return self.summary or self.id
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        save_without_message_count(self, super().save, *args, **kwargs)
 
 
 class Run(OrgOwnedModel):

@@ -66,3 +66,24 @@ def test_the_migration_counts_the_messages_already_stored(make_agent, actor):
 
         agent.refresh_from_db()
         assert agent.message_count == stored(agent) >= 4
+
+
+def test_saving_a_loaded_agent_or_conversation_keeps_the_messages_stored_since(make_agent, actor, llm, send):
+    agent = make_agent(embedding="")
+    conversation = conversation_create(actor=actor, agent_id=agent.id)
+    loaded_agent = Agent.all_objects.get(id=agent.id)
+    loaded_conversation = Conversation.all_objects.get(id=conversation.id)
+    llm.push(text("stored meanwhile"), text("also in the thread"))
+    send(agent, "hello")
+    send(agent, "thread", conversation_id=conversation.id)
+
+    loaded_agent.name = "Renamed"
+    loaded_agent.save()  # a full save, as the admin's change form does
+    loaded_conversation.summary = "renamed too"
+    loaded_conversation.save()
+
+    agent.refresh_from_db()
+    conversation.refresh_from_db()
+    assert agent.name == "Renamed"
+    assert agent.message_count == stored(agent)
+    assert conversation.message_count == stored(agent, conversation) == 2
