@@ -1,8 +1,9 @@
 """py-spy profiles of the running platform (daphne, the workers) while a series of turns runs.
 
-`python scripts/devenv.py bench --only turns --py-spy` records, for each kind of turn, every platform
-process at once (on-CPU samples only) and writes collapsed stacks (`pyspy-<kind>-<process>.txt`, for
-flamegraph.pl or speedscope) and a summary of the hottest frames by own and inclusive time.
+`python scripts/devenv.py bench --py-spy` (which measures nothing else; `--only` does not apply) records,
+for each kind of turn, every platform process at once (on-CPU samples only) and writes collapsed stacks
+(`pyspy-<kind>-<process>.txt`, for flamegraph.pl or speedscope) and a summary of the hottest frames by
+own and inclusive time.
 """
 
 from __future__ import annotations
