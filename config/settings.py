@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -188,6 +189,9 @@ LLM_MAX_ATTEMPTS = env.int("LLM_MAX_ATTEMPTS", default=4)
 LLM_RETRY_BASE_DELAY = env.float("LLM_RETRY_BASE_DELAY", default=1.0)
 LLM_RETRY_MAX_DELAY = env.float("LLM_RETRY_MAX_DELAY", default=20.0)
 LLM_REQUEST_TIMEOUT = env.float("LLM_REQUEST_TIMEOUT", default=120.0)
+LLM_CLIENT = env.str("LLM_CLIENT", default="direct")
+if LLM_CLIENT not in {"direct", "litellm"}:
+    raise ImproperlyConfigured(f"LLM_CLIENT must be 'direct' or 'litellm', not {LLM_CLIENT!r}")
 LLM_EMBEDDING_BATCH_SIZE = env.int("LLM_EMBEDDING_BATCH_SIZE", default=100)
 
 LOGGING = {

@@ -1,11 +1,15 @@
-"""Chat completions through litellm, blocking or streaming, behind normalized dataclasses.
+"""Chat completions, blocking or streaming, behind normalized dataclasses.
 
-Client reuse: litellm caches one OpenAI SDK client per (api_key, api_base, timeout, max_retries) for an
-hour, and all of them send through one httpx.Client (`litellm.client_session`, set up in
-apps.llm._litellm, which also keeps streamed connections reusable). So we never pass `client=`, and pass
-the same `timeout` (RetryPolicy, from settings) and `max_retries=0` every time: consecutive calls to one
-target, blocking or streamed, share one keep-alive connection. Anthropic calls go through litellm's own
-module-level httpx client.
+OpenAI-wire targets (`openai/...`: OpenAI, OpenAI-compatible servers, Ollama) are called by
+apps.llm.openai_wire, which sends the request over HTTP itself and asks litellm only which parameters
+the model accepts (litellm's per-message passes cost more than the rest of a step). Anthropic, and
+every provider when LLM_CLIENT=litellm, go through `litellm.completion`.
+
+Client reuse: one httpx.Client (`litellm.client_session`, set up in apps.llm._litellm, which also
+keeps streamed connections reusable) carries the OpenAI-wire calls, and litellm's cached OpenAI SDK
+clients when it makes them; we pass the same `timeout` (RetryPolicy, from settings) and
+`max_retries=0` every time, so consecutive calls to one target, blocking or streamed, share one
+keep-alive connection. Anthropic calls go through litellm's own module-level httpx client.
 
 Nothing but the target URL is contacted: apps.llm._litellm forces litellm offline, `api_base` and
 `api_key` are always explicit (litellm would otherwise read OPENAI_API_KEY / OPENAI_BASE_URL from the
@@ -17,19 +21,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from apps.llm import openai_wire
 from apps.llm._litellm import litellm
 from apps.llm.errors import InvalidLLMResponse
 from apps.llm.handles import ModelTarget
+from apps.llm.openai_wire import KEYLESS_API_KEY
 from apps.llm.retry import RetryPolicy, call_with_retries
 from apps.llm.tokens import count_text_tokens, count_tokens
 
-KEYLESS_API_KEY = "no-key"
-"""Sent to keyless OpenAI-compatible servers (Ollama, a local vLLM): the SDK insists on some key, and
-an empty one would make litellm fall back to the process's OPENAI_API_KEY."""
+__all__ = ["KEYLESS_API_KEY", "ChatRequest", "ChatResponse", "StreamDelta", "ToolCall", "complete", "stream"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +96,27 @@ def complete(target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy |
     Raises LLMApiError (after retrying transient failures), ContextWindowExceeded, InvalidLLMResponse.
     """
     policy = policy or RetryPolicy.from_settings()
-    kwargs = _call_kwargs(target, request, policy=policy, stream=False)
+    if openai_wire.handles(target):
+        body = _wire_body(target, request, stream=False)
+        trace = _wire_trace(target, body, policy)
+
+        def send() -> dict[str, Any]:
+            return openai_wire.complete(target, body, timeout=policy.timeout)
+
+    else:
+        kwargs = _call_kwargs(target, request, policy=policy, stream=False)
+        trace = _trace(kwargs)
+
+        def send() -> dict[str, Any]:
+            return _dump(litellm.completion(**kwargs))
+
     started = time.monotonic()
-    response, attempts = call_with_retries(
-        lambda: litellm.completion(**kwargs), policy=policy, label=target.handle
-    )
+    completion, attempts = call_with_retries(send, policy=policy, label=target.handle)
     return _from_completion(
         target,
         request,
-        _dump(response),
-        trace=_trace(kwargs),
+        completion,
+        trace=trace,
         latency_ms=_elapsed_ms(started),
         attempts=attempts,
     )
@@ -120,14 +136,29 @@ def stream(
     `on_delta` propagate unchanged (and close the stream).
     """
     policy = policy or RetryPolicy.from_settings()
-    kwargs = _call_kwargs(target, request, policy=policy, stream=True)
+    if openai_wire.handles(target):
+        body = _wire_body(target, request, stream=True)
+        trace = _wire_trace(target, body, policy)
+
+        def chunks() -> AbstractContextManager[Iterator[dict[str, Any]]]:
+            return openai_wire.stream_chunks(target, body, timeout=policy.timeout)
+
+    else:
+        kwargs = _call_kwargs(target, request, policy=policy, stream=True)
+        trace = _trace(kwargs)
+
+        @contextmanager
+        def chunks() -> Iterator[Iterator[dict[str, Any]]]:
+            with litellm.completion(**kwargs) as stream_response:
+                yield (_dump(chunk) for chunk in stream_response)
+
     emitted = False
 
     def attempt() -> _StreamAssembler:
         nonlocal emitted
         assembler = _StreamAssembler()
-        with litellm.completion(**kwargs) as chunks:
-            for chunk in chunks:
+        with chunks() as parsed_chunks:
+            for chunk in parsed_chunks:
                 for delta in assembler.add(chunk):
                     emitted = True
                     on_delta(delta)
@@ -141,10 +172,28 @@ def stream(
         target,
         request,
         assembler.completion(fallback_model=target.litellm_model),
-        trace=_trace(kwargs),
+        trace=trace,
         latency_ms=_elapsed_ms(started),
         attempts=attempts,
     )
+
+
+def _wire_body(target: ModelTarget, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+    return openai_wire.request_body(
+        target,
+        messages=request.messages,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        temperature=request.temperature,
+        max_tokens=request.max_tokens,
+        parallel_tool_calls=request.parallel_tool_calls,
+        stream=stream,
+    )
+
+
+def _wire_trace(target: ModelTarget, body: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+    """The request as sent (the body), with where it went and the timeout; never the key."""
+    return {**body, "api_base": target.api_base, "timeout": policy.timeout}
 
 
 def _call_kwargs(
@@ -260,7 +309,7 @@ def _elapsed_ms(started: float) -> int:
 
 
 class _StreamAssembler:
-    """Turns litellm stream chunks into StreamDeltas and, at the end, one OpenAI-shaped completion."""
+    """Turns stream chunks (parsed JSON) into StreamDeltas and, at the end, one OpenAI-shaped completion."""
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -271,8 +320,7 @@ class _StreamAssembler:
         self.model: str | None = None
         self.id: str | None = None
 
-    def add(self, chunk: Any) -> list[StreamDelta]:
-        data = _dump(chunk)
+    def add(self, data: dict[str, Any]) -> list[StreamDelta]:
         self.id = self.id or data.get("id")
         self.model = self.model or data.get("model")
         if isinstance(data.get("usage"), dict) and data["usage"]:

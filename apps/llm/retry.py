@@ -24,6 +24,7 @@ import pydantic
 from django.conf import settings
 
 from apps.llm._litellm import litellm
+from apps.llm._litellm import load as load_litellm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,18 @@ def classify(exc: BaseException, *, attempts: int, label: str) -> _Failure:
             _no_answer(f"{label}: connection failed after {attempts} attempt(s): {exc}", attempts),
             transient=True,
         )
+    if any(isinstance(e, litellm.exceptions.MidStreamFallbackError) for e in chain):
+        # An error event inside a stream (the direct client raises LLMApiError for it itself).
+        message = _provider_message(chain, exc)
+        return _Failure(
+            LLMApiError(
+                f"{label}: the provider ended the stream with an error: {message}",
+                status=None,
+                provider_message=message,
+                attempts=attempts,
+            ),
+            transient=False,
+        )
     if isinstance(exc, openai.APIStatusError) and 400 <= exc.status_code < 500:
         # litellm refused the call before sending it (unsupported parameter, missing key).
         return _Failure(
@@ -166,11 +179,31 @@ def classify(exc: BaseException, *, attempts: int, label: str) -> _Failure:
 
 
 def _is_context_overflow(exc: BaseException) -> bool:
-    """litellm recognises providers' wording; OpenAI-style servers may only send the error code."""
+    """litellm recognises providers' wording; OpenAI-style servers may only send the error code.
+    A 4xx answer to an OpenAI-wire call (apps.llm.openai_wire) is checked with litellm's wording list."""
     if isinstance(exc, litellm.ContextWindowExceededError):
         return True
+    if isinstance(exc, httpx.HTTPStatusError) and 400 <= exc.response.status_code < 500:
+        try:
+            text = exc.response.text
+        except httpx.ResponseNotRead:
+            return False
+        return _context_overflow_text(text)
     body = getattr(exc, "body", None)
     return isinstance(body, dict) and body.get("code") == "context_length_exceeded"
+
+
+def _context_overflow_text(text: str) -> bool:
+    load_litellm()  # configured before any of its modules is imported
+    from litellm.litellm_core_utils.exception_mapping_utils import ExceptionCheckers
+
+    if ExceptionCheckers.is_error_str_context_window_exceeded(text):
+        return True
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == "context_length_exceeded"
 
 
 def _no_answer(message: str, attempts: int) -> LLMApiError:

@@ -1,4 +1,8 @@
-"""Chat calls driven for real through litellm and HTTP against the scripted OpenAI-compatible server."""
+"""Chat calls driven for real over HTTP against the scripted OpenAI-compatible server.
+
+Every test runs twice: with LLM_CLIENT=direct (OpenAI-wire calls sent by apps.llm.openai_wire, the
+default) and with LLM_CLIENT=litellm (every call through litellm.completion).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,12 @@ TOOLS = [
 ]
 
 
+@pytest.fixture(autouse=True, params=["direct", "litellm"])
+def llm_client(request: pytest.FixtureRequest, settings) -> str:  # type: ignore[no-untyped-def]
+    settings.LLM_CLIENT = request.param
+    return str(request.param)
+
+
 @pytest.fixture
 def sent_authorization(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """(URL, Authorization header) of every request httpx really sends; the server log redacts keys."""
@@ -68,19 +78,22 @@ def fresh_server() -> Iterator[ScriptedLLMServer]:
 
 
 @pytest.fixture
-def canned_server() -> Iterator[Callable[[bytes], tuple[str, list[str]]]]:
-    """Servers that answer every POST with one fixed 200 JSON body; each yields its /v1 URL and hits."""
+def canned_server() -> Iterator[Callable[..., tuple[str, list[str]]]]:
+    """Servers that answer every POST with one fixed body (200 JSON unless told); each yields its /v1
+    URL and hits."""
     servers: list[ThreadingHTTPServer] = []
 
-    def start(body: bytes) -> tuple[str, list[str]]:
+    def start(
+        body: bytes, *, status: int = 200, content_type: str = "application/json"
+    ) -> tuple[str, list[str]]:
         hits: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 hits.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -149,7 +162,9 @@ def _closed_port() -> int:
 # -- blocking ------------------------------------------------------------------------------------------
 
 
-def test_complete_returns_text_usage_and_trace(target: ModelTarget, llm: ScriptedLLM) -> None:
+def test_complete_returns_text_usage_and_trace(
+    target: ModelTarget, llm: ScriptedLLM, llm_client: str
+) -> None:
     llm.push(text("Hello there!", usage={"prompt_tokens": 42, "completion_tokens": 7}))
 
     response = complete(target, ChatRequest(messages=MESSAGES))
@@ -158,8 +173,10 @@ def test_complete_returns_text_usage_and_trace(target: ModelTarget, llm: Scripte
     assert (response.finish_reason, response.model, response.attempts) == ("stop", "scripted-chat", 1)
     assert (response.prompt_tokens, response.completion_tokens, response.reasoning_tokens) == (42, 7, 0)
     assert response.latency_ms >= 0
+    # The trace is the request as sent: litellm's arguments, or the body the direct client posted.
+    sent_model = "scripted-chat" if llm_client == "direct" else "openai/scripted-chat"
     assert response.raw["request"] == {
-        "model": "openai/scripted-chat",
+        "model": sent_model,
         "messages": MESSAGES,
         "api_base": target.api_base,
         "timeout": 10.0,
@@ -187,6 +204,41 @@ def test_request_settings_reach_the_server(target: ModelTarget, llm: ScriptedLLM
     assert (body["tool_choice"], body["temperature"], body["max_tokens"]) == ("required", 0.2, 50)
     assert body["parallel_tool_calls"] is True
     assert "stream" not in body
+
+
+def test_reasoning_models_get_the_parameters_they_accept(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    llm: ScriptedLLM,
+) -> None:
+    settings.OPENAI_BASE_URL = llm.url
+    target = resolve_model("openai/o3-mini", organization_id=org.id)
+
+    complete(target, ChatRequest(messages=MESSAGES, tools=TOOLS, temperature=0.2, max_tokens=50))
+
+    body = llm.last_chat_request()
+    assert body["max_completion_tokens"] == 50
+    assert "max_tokens" not in body
+    assert "temperature" not in body
+    assert body["tools"] == TOOLS
+
+
+def test_null_message_fields_are_not_sent(target: ModelTarget, llm: ScriptedLLM) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "send_message", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "hi", "name": None},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sent"},
+    ]
+
+    complete(target, ChatRequest(messages=messages, tools=TOOLS))
+
+    assert llm.last_chat_request()["messages"] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sent"},
+    ]
+    assert messages[1]["content"] is None  # the caller's messages are not changed
 
 
 def test_unset_request_settings_are_not_sent(target: ModelTarget, llm: ScriptedLLM) -> None:
@@ -434,6 +486,41 @@ def test_context_length_exceeded_raises_context_window_exceeded(
     assert len(llm.chat_requests()) == 1
 
 
+def test_context_overflow_in_words_only_raises_context_window_exceeded(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    canned_server: Callable[..., tuple[str, list[str]]],
+) -> None:
+    """vLLM says it in words, with a numeric code and no `context_length_exceeded`."""
+    message = "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens."
+    body = {"object": "error", "message": message, "type": "BadRequestError", "code": 400}
+    url, hits = canned_server(json.dumps(body).encode(), status=400)
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/local-model", organization_id=org.id)
+
+    with pytest.raises(ContextWindowExceeded):
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert hits == ["/v1/chat/completions"]
+
+
+def test_error_event_inside_a_stream_raises_llm_api_error(
+    settings,  # type: ignore[no-untyped-def]
+    org: Organization,
+    canned_server: Callable[..., tuple[str, list[str]]],
+) -> None:
+    events = b'data: {"error": {"message": "The server had an error while processing your request."}}\n\n'
+    url, hits = canned_server(events, content_type="text/event-stream")
+    settings.OPENAI_BASE_URL = url
+    target = resolve_model("openai/scripted-chat", organization_id=org.id)
+
+    with pytest.raises(LLMApiError) as info:
+        stream(target, ChatRequest(messages=MESSAGES), lambda delta: None)
+
+    assert "The server had an error while processing your request." in str(info.value)
+    assert hits
+
+
 def test_timeout_is_retried(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
     settings.LLM_REQUEST_TIMEOUT = 0.3
     llm.push(text("too slow", latency=1.0), text("in time"))
@@ -457,7 +544,7 @@ def test_connection_refused_raises_after_max_attempts(settings, org: Organizatio
 def test_unreadable_response_raises_invalid_llm_response_without_retry(
     settings,  # type: ignore[no-untyped-def]
     org: Organization,
-    canned_server: Callable[[bytes], tuple[str, list[str]]],
+    canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
     url, hits = canned_server(b"this is not json")
     settings.OPENAI_BASE_URL = url
@@ -472,7 +559,7 @@ def test_unreadable_response_raises_invalid_llm_response_without_retry(
 def test_response_without_choices_raises_invalid_llm_response(
     settings,  # type: ignore[no-untyped-def]
     org: Organization,
-    canned_server: Callable[[bytes], tuple[str, list[str]]],
+    canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
     body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
     url, hits = canned_server(json.dumps(body).encode())
@@ -489,7 +576,7 @@ def test_response_without_choices_raises_invalid_llm_response(
 def test_missing_usage_is_estimated(
     settings,  # type: ignore[no-untyped-def]
     org: Organization,
-    canned_server: Callable[[bytes], tuple[str, list[str]]],
+    canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
     body = {
         "id": "x",
