@@ -197,7 +197,7 @@ def _core_memory_append(args: dict[str, Any], ctx: ToolContext, agent: Agent) ->
     block, changed = _edit_block(
         ctx, agent, args["label"], lambda view: edits.core_memory_append(view, args["content"])
     )
-    return ToolResult.ok(block.value, memory_changed=changed)
+    return ToolResult.ok(block.value, memory_changed=changed, edited_block=block)
 
 
 def _core_memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
@@ -207,7 +207,7 @@ def _core_memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -
         args["label"],
         lambda view: edits.core_memory_replace(view, args["old_content"], args["new_content"]),
     )
-    return ToolResult.ok(block.value, memory_changed=changed)
+    return ToolResult.ok(block.value, memory_changed=changed, edited_block=block)
 
 
 def _memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
@@ -217,7 +217,9 @@ def _memory_replace(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> Too
         args["label"],
         lambda view: edits.memory_replace(view, args["old_string"], args["new_string"]),
     )
-    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+    return ToolResult.ok(
+        EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed, edited_block=block
+    )
 
 
 def _memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
@@ -227,7 +229,9 @@ def _memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> Tool
         args["label"],
         lambda view: edits.memory_insert(view, args["new_string"], args.get("insert_line", -1)),
     )
-    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+    return ToolResult.ok(
+        EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed, edited_block=block
+    )
 
 
 def _memory_rethink(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
@@ -236,7 +240,9 @@ def _memory_rethink(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> Too
         block = _create_block(ctx, agent, label, new_memory)
         return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=True)
     block, changed = _edit_block(ctx, agent, label, lambda view: edits.memory_rethink(view, new_memory))
-    return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed)
+    return ToolResult.ok(
+        EDIT_CONFIRMATION.format(label=block.label), memory_changed=changed, edited_block=block
+    )
 
 
 def _memory_finish_edits(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
@@ -261,12 +267,8 @@ def _edit_block(
         if new_value == block.value:
             return block, False
         try:
-            updated = memory_services.block_update(
-                actor=ctx.actor,
-                block_id=block.id,
-                value=new_value,
-                editor=Editor.agent(agent.id),
-                expected_version=block.version,
+            updated = memory_services.block_write_read_value(
+                block=block, value=new_value, editor=Editor.agent(agent.id), user_id=ctx.actor.user_id
             )
         except BlockConcurrentUpdate:
             continue

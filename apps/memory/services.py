@@ -3,11 +3,13 @@ bumps the version with compare-and-set and records a BlockHistory row."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput
@@ -145,8 +147,20 @@ def block_update(
 
 
 def block_set_value(*, actor: Actor, block_id: str, value: str, editor: Editor) -> Block:
-    """The write behind memory tools: replace the value, keeping the limit and recording the editor."""
+    """Replace the value, keeping the limit and recording the editor."""
     return block_update(actor=actor, block_id=block_id, value=value, editor=editor)
+
+
+@transaction.atomic
+def block_write_read_value(*, block: Block, value: str, editor: Editor, user_id: str | None = None) -> Block:
+    """The write behind the memory tools: `block` as the caller read it (from its organisation), its value
+    replaced if nobody wrote since (compare-and-set on the version read; no row lock, so no extra round
+    trip). Raises BlockConcurrentUpdate when someone did: the caller re-reads and recomputes its edit.
+    Returns the written block (a copy; `block` keeps what was read)."""
+    validate_block_fields(label=block.label, value=value, limit=block.limit)
+    written = copy.copy(block)
+    written.value = value
+    return _block_write(written, changes=["value"], editor=editor, value_before=block.value, user_id=user_id)
 
 
 @transaction.atomic
@@ -175,7 +189,9 @@ def _block_write(
     block: Block, *, changes: list[str], editor: Editor, value_before: str, user_id: str | None
 ) -> Block:
     """Compare-and-set on version, so a concurrent writer that skipped the row lock cannot be lost."""
+    block.updated_at = timezone.now()  # .update() skips auto_now
     fields = {name: getattr(block, name) for name in changes}
+    fields["updated_at"] = block.updated_at
     if user_id:
         fields["last_updated_by_id"] = user_id
     versioned = Block.objects.for_org(block.organization_id).filter(id=block.id, version=block.version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from apps.core.actor import Actor
 
@@ -34,6 +34,7 @@ class ToolResult:
     stderr: tuple[str, ...] = ()
     sandbox: SandboxKind = "in_process"
     memory_changed: bool = False  # a core-memory block changed: the system message must be recompiled
+    edited_block: Any = None  # the memory Block a core-memory edit wrote, so the loop need not reload them
     duration_ms: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
 

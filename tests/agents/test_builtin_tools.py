@@ -167,6 +167,19 @@ def test_an_edit_that_changes_nothing_writes_no_history(ctx, agent):
     assert history(block) == []
 
 
+def test_an_edit_moves_the_blocks_updated_at(ctx, agent):
+    """The memory metadata's "last modified" line and the API's updated_at come from it."""
+    block = attach(agent, "human", "Sam")
+    read_before = type(block).objects.unscoped().get(id=block.id).updated_at
+
+    result = run(ctx, agent, "memory_replace", label="human", old_string="Sam", new_string="Al")
+
+    block.refresh_from_db()
+    assert (result.status, block.value) == ("success", "Al")
+    assert block.updated_at > read_before
+    assert (result.edited_block.value, result.edited_block.updated_at) == ("Al", block.updated_at)
+
+
 def test_a_concurrent_write_is_kept_and_the_edit_reapplied(ctx, agent, monkeypatch):
     block = attach(agent, "human", "Sam")
     real_append = edits.core_memory_append

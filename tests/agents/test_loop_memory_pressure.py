@@ -7,8 +7,9 @@ from apps.agents.models import Message, Run
 from apps.agents.prompts import SUMMARIZER_PROMPT
 from apps.agents.services import BlockSpec
 from apps.llm.tokens import count_tokens
+from apps.memory.models import Block
 from tests.agents.test_loop import custom_tool
-from tests.support.scripted_llm import text
+from tests.support.scripted_llm import text, tool_call, tool_calls
 
 LONG = "I went hiking in the Alps last summer and the views were amazing. " * 8  # about 130 tokens
 
@@ -91,6 +92,31 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     # (provider, one UPDATE).
     assert big_count == small_count
     assert small_count <= 24
+
+
+def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):
+    agent = make_agent(memory_blocks=[BlockSpec(label="human", value="Name: Sam")])
+    simple = queries_for_one_turn(send, llm, agent)
+    llm.push(
+        tool_calls(tool_call("memory_replace", {"label": "human", "old_string": "Sam", "new_string": "Al"})),
+        text("Noted."),
+    )
+    with CaptureQueriesContext(connection) as captured:
+        result = send(agent, "I am Al now")
+
+    statements = [q["sql"] for q in captured.captured_queries]
+    assert result.stop_reason == "end_turn"
+    assert (
+        Block.objects.unscoped().get(agent_attachments__agent_id=agent.id, label="human").value == "Name: Al"
+    )
+    # Over a one-step turn: the second step (5 in its transaction), the cancel check between the answer
+    # and the tool, and the edit: the block read through the agent's attachment, then the compare-and-set
+    # UPDATE and its history row in a transaction (4). The loop keeps the block it wrote (no reload) and
+    # the second step's cancel check reads the status the first step's commit returned.
+    assert len(statements) - simple <= 11
+    edit = next(i for i, sql in enumerate(statements) if sql.startswith('UPDATE "memory_block"'))
+    assert not any('FROM "memory_block"' in sql for sql in statements[edit:])
+    assert sum(sql.startswith('SELECT "agents_run"."status"') for sql in statements) == 1
 
 
 def test_a_prompt_already_far_over_the_window_is_summarised_in_pieces_that_fit(make_agent, send, llm):

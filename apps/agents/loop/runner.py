@@ -139,6 +139,9 @@ class LoopState:
     token_counts: dict[str, int] = field(default_factory=dict)
     inputs: list[Message] = field(default_factory=list)  # the run's user messages (for recall embeddings)
     traces: list[tuple[str, Any, Any]] = field(default_factory=list)  # (step id, request, response)
+    # The run's status as the last step's commit read it (None: not read since); the next step's cancel
+    # check uses it instead of a query of its own.
+    status_at_persist: str | None = None
 
 
 class StopRun(Exception):
@@ -317,7 +320,8 @@ def _loop(state: LoopState) -> StopRun:
         return StopRun(StopReason.TOOL_RULE)
     while state.usage.step_count < max_steps:
         if state.usage.step_count:  # the first step follows the claim, which found the run not cancelled
-            _raise_if_cancelled(state)
+            status, state.status_at_persist = state.status_at_persist, None
+            _raise_if_cancelled(state, status=status)
         stop = _step(state)
         if stop is not None:
             return stop
@@ -722,6 +726,7 @@ def _run_tool_call(
     else:
         result = run_custom_tool(tool, arguments, ctx)
     limit = min(tool.return_char_limit, budgeting.tool_return_char_limit(state.context_window))
+    edited_block = result.edited_block
     result = ToolResult(
         status=result.status,
         return_value=cut_to_limit(result.return_value, limit),
@@ -733,7 +738,7 @@ def _run_tool_call(
     )
     state.solver.record_call(name, result.return_value)
     if result.memory_changed:
-        state.blocks = _load_blocks(state.agent, state.actor)
+        state.blocks = _blocks_after_edit(state, edited_block)
         if name in ARCHIVAL_WRITE_TOOLS:
             state.stats = _memory_stats(
                 state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
@@ -743,6 +748,14 @@ def _run_tool_call(
                 state.stats, last_memory_edit=max((b.updated_at for b in state.blocks), default=None)
             )
     return result
+
+
+def _blocks_after_edit(state: LoopState, edited: Block | None) -> list[Block]:
+    """The agent's blocks after a memory tool wrote: the written block in place of the one read, or (a
+    new block, an archival write) all of them read again."""
+    if edited is not None and any(block.id == edited.id for block in state.blocks):
+        return [edited if block.id == edited.id else block for block in state.blocks]
+    return _load_blocks(state.agent, state.actor)
 
 
 def _ends_turn(state: LoopState, messages: list[Message]) -> bool:
@@ -918,18 +931,26 @@ def _append_in_context(state: LoopState, messages: list[Message]) -> None:
     holder = Conversation if state.conversation is not None else Agent
     holder_id = state.conversation.id if state.conversation is not None else state.agent.id
     with connection.cursor() as cursor:
+        # The run's status comes back with it: the next step's cancel check needs no query.
         cursor.execute(
-            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] WHERE id = %s",
-            [[m.id for m in messages], holder_id],
+            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] WHERE id = %s "
+            f"RETURNING (SELECT status FROM {Run._meta.db_table} WHERE id = %s)",
+            [[m.id for m in messages], holder_id, state.run.id],
         )
+        row = cursor.fetchone()
+    state.status_at_persist = row[0] if row else None
 
 
 def _emit_message(state: LoopState, message: Message) -> None:
     state.sink.emit_many(to_letta_messages(message))
 
 
-def _raise_if_cancelled(state: LoopState, pending: tuple[Step, list[Message]] | None = None) -> None:
-    status = Run.objects.unscoped().filter(id=state.run.id).values_list("status", flat=True).first()
+def _raise_if_cancelled(
+    state: LoopState, pending: tuple[Step, list[Message]] | None = None, *, status: str | None = None
+) -> None:
+    """Stop if the run was cancelled; `status` is the run's status when the caller has just read it."""
+    if status is None:
+        status = Run.objects.unscoped().filter(id=state.run.id).values_list("status", flat=True).first()
     if status == Run.Status.CANCELLED:
         if pending is not None:
             _persist_step(state, pending[0], pending[1], stop_reason=StopReason.CANCELLED)
