@@ -25,6 +25,7 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from apps.agents.custom_tools import run_custom_tool
@@ -139,7 +140,7 @@ class LoopState:
     token_counts: dict[str, int] = field(default_factory=dict)
     inputs: list[Message] = field(default_factory=list)  # the run's user messages (for recall embeddings)
     traces: list[tuple[str, Any, Any]] = field(default_factory=list)  # (step id, request, response)
-    # The run's status as the last step's commit read it (None: not read since); the next step's cancel
+    # The run's status as the last step's write read it (None: not read since); the next step's cancel
     # check uses it instead of a query of its own.
     status_at_persist: str | None = None
 
@@ -902,17 +903,45 @@ def _tool_message(
 
 
 def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop_reason: str = "") -> None:
-    """One transaction per step: the step, its messages and the new in-context list.
+    """The step, its messages and the new in-context ids in one statement (atomic by itself: one round
+    trip, no BEGIN/COMMIT), which also reads the run's status for the next step's cancel check.
 
     The step's provider trace (the exact request and response) is stored after the run's answer
     (store_traces): at hundreds of in-context messages it is the largest write of a step."""
     step.stop_reason = stop_reason
-    with transaction.atomic():
-        step.save(force_insert=True)
-        Message.all_objects.bulk_create(messages)
-        state.in_context.extend(messages)
-        _append_in_context(state, messages)
+    holder = Conversation if state.conversation is not None else Agent
+    holder_id = state.conversation.id if state.conversation is not None else state.agent.id
+    inserts = [_insert_sql(Step, [step])]
+    if messages:
+        inserts.append(_insert_sql(Message, messages))
+    ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(inserts))
+    params = [param for _, insert_params in inserts for param in insert_params]
+    run_status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
+    if messages:
+        # Appends the new ids (not the hundreds already there); the row lock orders it like any writer.
+        statement = (
+            f"WITH {ctes} UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
+            f"WHERE id = %s RETURNING {run_status}"
+        )
+        params += [[m.id for m in messages], holder_id, state.run.id]
+    else:
+        statement, params = f"WITH {ctes} SELECT {run_status}", [*params, state.run.id]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    for saved in (step, *messages):
+        saved._state.adding, saved._state.db = False, connection.alias
+    state.status_at_persist = row[0] if row else None
+    state.in_context.extend(messages)
     state.produced.extend(messages)
+
+
+def _insert_sql(model: type[Step] | type[Message], objs: list[Any]) -> tuple[str, list[Any]]:
+    """Django's own INSERT for these rows (defaults, auto_now, JSON adaptation), as SQL to embed."""
+    query = InsertQuery(model)
+    query.insert_values(model._meta.concrete_fields, objs)
+    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+    return sql, list(params)
 
 
 def _save_in_context(state: LoopState) -> None:
@@ -922,23 +951,6 @@ def _save_in_context(state: LoopState) -> None:
         Conversation.all_objects.filter(id=state.conversation.id).update(message_ids=ids)
     else:
         Agent.all_objects.filter(id=state.agent.id).update(message_ids=ids)
-
-
-def _append_in_context(state: LoopState, messages: list[Message]) -> None:
-    """Append to the stored in-context list: sends the new ids, not the hundreds already there."""
-    if not messages:
-        return
-    holder = Conversation if state.conversation is not None else Agent
-    holder_id = state.conversation.id if state.conversation is not None else state.agent.id
-    with connection.cursor() as cursor:
-        # The run's status comes back with it: the next step's cancel check needs no query.
-        cursor.execute(
-            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] WHERE id = %s "
-            f"RETURNING (SELECT status FROM {Run._meta.db_table} WHERE id = %s)",
-            [[m.id for m in messages], holder_id, state.run.id],
-        )
-        row = cursor.fetchone()
-    state.status_at_persist = row[0] if row else None
 
 
 def _emit_message(state: LoopState, message: Message) -> None:
