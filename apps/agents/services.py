@@ -42,7 +42,7 @@ from apps.agents.selectors import (
 )
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
-from apps.core.db import release_pooled_connection
+from apps.core.db import insert_all, release_pooled_connection
 from apps.core.errors import InvalidInput, NotFound, PermissionDenied
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
@@ -384,7 +384,8 @@ def run_create(
         if message.role not in ("user", "system", "assistant"):
             raise InvalidInput(f"Unknown message role {message.role!r}; expected user, system or assistant")
 
-    run = Run.objects.for_actor(actor).create(
+    run = Run(
+        organization_id=actor.organization_id,
         agent=agent,
         conversation=conversation,
         background=background,
@@ -412,7 +413,6 @@ def run_create(
         )
         rows.append(response)
         run.request_config["approval_response_id"] = response.id
-        run.save(update_fields=["request_config"])
     for message in messages:
         parts = message.parts()
         rows.append(
@@ -431,7 +431,8 @@ def run_create(
         )
     # The input enters the context window when its run starts (runs of one conversation queue up, and
     # each must see only what came before it); until then it is stored, and searchable, like any message.
-    Message.all_objects.bulk_create(rows)
+    # The run and its input in one statement.
+    insert_all((Run, [run]), (Message, rows))
     return run
 
 

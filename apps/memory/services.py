@@ -7,11 +7,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from apps.core.actor import Actor
+from apps.core.db import insert_sql, mark_saved
 from apps.core.errors import InvalidInput
 from apps.memory.errors import BlockConcurrentUpdate, BlockNotFound, BlockTooLong, DuplicateBlockLabel
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
@@ -151,16 +152,42 @@ def block_set_value(*, actor: Actor, block_id: str, value: str, editor: Editor) 
     return block_update(actor=actor, block_id=block_id, value=value, editor=editor)
 
 
-@transaction.atomic
 def block_write_read_value(*, block: Block, value: str, editor: Editor, user_id: str | None = None) -> Block:
     """The write behind the memory tools: `block` as the caller read it (from its organisation), its value
-    replaced if nobody wrote since (compare-and-set on the version read; no row lock, so no extra round
-    trip). Raises BlockConcurrentUpdate when someone did: the caller re-reads and recomputes its edit.
-    Returns the written block (a copy; `block` keeps what was read)."""
+    replaced if nobody wrote since (compare-and-set on the version read, no row lock). Raises
+    BlockConcurrentUpdate when someone did: the caller re-reads and recomputes its edit. Returns the
+    written block (a copy; `block` keeps what was read).
+
+    One statement, atomic by itself: the UPDATE and, only when it wrote, its history row (an agent's
+    memory edit was BEGIN, UPDATE, INSERT, COMMIT)."""
     validate_block_fields(label=block.label, value=value, limit=block.limit)
     written = copy.copy(block)
-    written.value = value
-    return _block_write(written, changes=["value"], editor=editor, value_before=block.value, user_id=user_id)
+    written.value, written.version, written.updated_at = value, block.version + 1, timezone.now()
+    changed = {"value": value, "updated_at": written.updated_at}
+    if user_id:
+        written.last_updated_by_id = changed["last_updated_by_id"] = user_id
+    history = _history_row(written, editor=editor, value_before=block.value)
+    insert, insert_params = insert_sql(BlockHistory, [history])
+    if " VALUES (" not in insert or not insert.endswith(")"):
+        raise AssertionError(f"unexpected INSERT shape: {insert[:80]}")
+    only_if_written = (
+        insert.replace(" VALUES (", " SELECT ", 1)[:-1] + " WHERE EXISTS (SELECT 1 FROM updated)"
+    )
+    fields = {Block._meta.get_field(name).column: field_value for name, field_value in changed.items()}
+    assignments = ", ".join(f'"{column}" = %s' for column in fields)
+    statement = (
+        f'WITH updated AS (UPDATE {Block._meta.db_table} SET "version" = "version" + 1, {assignments} '
+        'WHERE "id" = %s AND "organization_id" = %s AND "version" = %s RETURNING 1), '
+        f"history AS ({only_if_written}) SELECT count(*) FROM updated"
+    )
+    params = [*fields.values(), block.id, block.organization_id, block.version, *insert_params]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        (updated,) = cursor.fetchone()
+    if updated != 1:
+        raise BlockConcurrentUpdate(f"Block '{block.label}' was changed concurrently; retry")
+    mark_saved([history])
+    return written
 
 
 @transaction.atomic
@@ -215,7 +242,13 @@ def _block_write(
 
 
 def _record_history(block: Block, *, editor: Editor, value_before: str) -> None:
-    BlockHistory.objects.for_org(block.organization_id).create(
+    _history_row(block, editor=editor, value_before=value_before).save(force_insert=True)
+
+
+def _history_row(block: Block, *, editor: Editor, value_before: str) -> BlockHistory:
+    """The history entry for `block` as just written (its new version and value)."""
+    return BlockHistory(
+        organization_id=block.organization_id,
         block=block,
         version=block.version,
         actor_type=editor.actor_type,

@@ -82,8 +82,8 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     small_count = queries_for_one_turn(send, llm, small)
     big_count = queries_for_one_turn(send, llm, big)
 
-    # The bound (README, "Agent loop"): 18 statements and 2 savepoints for a one-step turn.
-    # Input: agent lock (with its last message's role), run, messages. Start: advisory lock, one statement
+    # The bound (README, "Agent loop"): 17 statements and 2 savepoints for a one-step turn.
+    # Input: agent lock (with its last message's role), run and messages (one statement). Start: advisory lock, one statement
     # that checks for orphaned and earlier runs and claims, admit the input (one UPDATE). Loading: agent
     # (with its message count, kept by a trigger), provider, messages (only those this process has not
     # loaded before), blocks, tools, archival counts. The step: one statement (step, messages, append to
@@ -91,7 +91,7 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     # statement), unlock. After the answer: the steps' provider traces (one UPDATE), the run's recall
     # embeddings (provider, one UPDATE).
     assert big_count == small_count
-    assert small_count <= 20
+    assert small_count <= 19
 
 
 def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):
@@ -110,12 +110,13 @@ def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, ll
         Block.objects.unscoped().get(agent_attachments__agent_id=agent.id, label="human").value == "Name: Al"
     )
     # Over a one-step turn: the second step (one statement), the cancel check between the answer and the
-    # tool, and the edit: the block read through the agent's attachment, then the compare-and-set UPDATE
-    # and its history row in a transaction (4). The loop keeps the block it wrote (no reload), and the
-    # second step's cancel check reads the status the first step's statement returned.
-    assert len(statements) - simple <= 7
-    edit = next(i for i, sql in enumerate(statements) if sql.startswith('UPDATE "memory_block"'))
-    assert not any('FROM "memory_block"' in sql for sql in statements[edit:])
+    # tool, and the edit: the block read through the agent's attachment, then one statement that writes it
+    # (compare-and-set on the version read) with its history row. The loop keeps the block it wrote (no
+    # reload), and the second step's cancel check reads the status the first step's statement returned.
+    assert len(statements) - simple <= 4
+    edit = next(i for i, sql in enumerate(statements) if "UPDATE memory_block SET" in sql)
+    assert 'INSERT INTO "memory_blockhistory"' in statements[edit]
+    assert not any('FROM "memory_block"' in sql for sql in statements[edit + 1 :])
     assert sum(sql.startswith('SELECT "agents_run"."status"') for sql in statements) == 1
 
 

@@ -25,7 +25,6 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from apps.agents.custom_tools import run_custom_tool
@@ -48,6 +47,7 @@ from apps.agents.recall import embed_messages
 from apps.agents.recovery import fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
+from apps.core.db import insert_sql, mark_saved
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
@@ -911,9 +911,9 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
     step.stop_reason = stop_reason
     holder = Conversation if state.conversation is not None else Agent
     holder_id = state.conversation.id if state.conversation is not None else state.agent.id
-    inserts = [_insert_sql(Step, [step])]
+    inserts = [insert_sql(Step, [step])]
     if messages:
-        inserts.append(_insert_sql(Message, messages))
+        inserts.append(insert_sql(Message, messages))
     ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(inserts))
     params = [param for _, insert_params in inserts for param in insert_params]
     run_status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
@@ -929,19 +929,10 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()
-    for saved in (step, *messages):
-        saved._state.adding, saved._state.db = False, connection.alias
+    mark_saved((step, *messages))
     state.status_at_persist = row[0] if row else None
     state.in_context.extend(messages)
     state.produced.extend(messages)
-
-
-def _insert_sql(model: type[Step] | type[Message], objs: list[Any]) -> tuple[str, list[Any]]:
-    """Django's own INSERT for these rows (defaults, auto_now, JSON adaptation), as SQL to embed."""
-    query = InsertQuery(model)
-    query.insert_values(model._meta.concrete_fields, objs)
-    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
-    return sql, list(params)
 
 
 def _save_in_context(state: LoopState) -> None:
