@@ -298,7 +298,12 @@ bytes as they are instead of parsing JSON and compressing it again."""
 
 
 def pack_trace(request: Any, response: Any) -> bytes:
-    document = json.dumps({"request": request, "response": response}, separators=(",", ":"), default=str)
+    """A request that carries its JSON already (apps.llm.client.EncodedTrace) is not encoded again."""
+    request_text = getattr(request, "json_text", None) or json.dumps(
+        request, separators=(",", ":"), default=str
+    )
+    response_text = json.dumps(response, separators=(",", ":"), default=str)
+    document = '{"request":' + request_text + ',"response":' + response_text + "}"
     return zlib.compress(document.encode(), TRACE_COMPRESSION_LEVEL)
 
 

@@ -98,10 +98,11 @@ def complete(target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy |
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
         body = _wire_body(target, request, stream=False)
-        trace = _wire_trace(target, body, policy)
+        encoded = openai_wire.encode(body)
+        trace = _wire_trace(target, body, encoded, policy)
 
         def send() -> dict[str, Any]:
-            return openai_wire.complete(target, body, timeout=policy.timeout)
+            return openai_wire.complete(target, encoded, timeout=policy.timeout)
 
     else:
         kwargs = _call_kwargs(target, request, policy=policy, stream=False)
@@ -138,10 +139,11 @@ def stream(
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
         body = _wire_body(target, request, stream=True)
-        trace = _wire_trace(target, body, policy)
+        encoded = openai_wire.encode(body)
+        trace = _wire_trace(target, body, encoded, policy)
 
         def chunks() -> AbstractContextManager[Iterator[dict[str, Any]]]:
-            return openai_wire.stream_chunks(target, body, timeout=policy.timeout)
+            return openai_wire.stream_chunks(target, encoded, timeout=policy.timeout)
 
     else:
         kwargs = _call_kwargs(target, request, policy=policy, stream=True)
@@ -191,9 +193,21 @@ def _wire_body(target: ModelTarget, request: ChatRequest, *, stream: bool) -> di
     )
 
 
-def _wire_trace(target: ModelTarget, body: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+class EncodedTrace(dict[str, Any]):
+    """A trace dict that also carries its own JSON text (`json_text`), so storing it (Step.trace) does
+    not encode the whole context a second time (~1.4 ms per step at 800 messages)."""
+
+    json_text: str
+
+
+def _wire_trace(
+    target: ModelTarget, body: dict[str, Any], encoded: str, policy: RetryPolicy
+) -> dict[str, Any]:
     """The request as sent (the body), with where it went and the timeout; never the key."""
-    return {**body, "api_base": target.api_base, "timeout": policy.timeout}
+    extra = {"api_base": target.api_base, "timeout": policy.timeout}
+    trace = EncodedTrace({**body, **extra})
+    trace.json_text = encoded[:-1] + "," + json.dumps(extra, ensure_ascii=False, separators=(",", ":"))[1:]
+    return trace
 
 
 def _call_kwargs(

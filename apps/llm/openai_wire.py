@@ -80,20 +80,24 @@ def request_body(
     return body
 
 
-def complete(target: ModelTarget, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-    """One blocking call; the parsed completion. Raises httpx errors and json.JSONDecodeError."""
-    response = _http().post(_url(target), json=body, headers=_headers(target), timeout=timeout)
+def encode(body: dict[str, Any]) -> str:
+    """The body as sent (compact JSON, as httpx would write it)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def complete(target: ModelTarget, body: str, *, timeout: float) -> dict[str, Any]:
+    """One blocking call with an encoded body; the parsed completion. Raises httpx errors and
+    InvalidLLMResponse."""
+    response = _http().post(_url(target), content=body.encode(), headers=_headers(target), timeout=timeout)
     response.raise_for_status()
     return _json_object(target, response.content, "chat completion")
 
 
 @contextmanager
-def stream_chunks(
-    target: ModelTarget, body: dict[str, Any], *, timeout: float
-) -> Iterator[Iterator[dict[str, Any]]]:
+def stream_chunks(target: ModelTarget, body: str, *, timeout: float) -> Iterator[Iterator[dict[str, Any]]]:
     """A streamed call: yields an iterator of the parsed chunks, up to `data: [DONE]`."""
     with _http().stream(
-        "POST", _url(target), json=body, headers=_headers(target), timeout=timeout
+        "POST", _url(target), content=body.encode(), headers=_headers(target), timeout=timeout
     ) as response:
         if response.is_error:
             response.read()  # the error body, for the provider's message
@@ -191,7 +195,10 @@ def _url(target: ModelTarget) -> str:
 
 
 def _headers(target: ModelTarget) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_key or KEYLESS_API_KEY}"}
+    return {
+        "Authorization": f"Bearer {target.api_key or KEYLESS_API_KEY}",
+        "Content-Type": "application/json",
+    }
 
 
 def _http() -> httpx.Client:

@@ -185,6 +185,19 @@ def test_complete_returns_text_usage_and_trace(
     assert json.loads(json.dumps(response.raw)) == response.raw
 
 
+def test_the_stored_trace_is_the_request_as_sent(target: ModelTarget, llm: ScriptedLLM) -> None:
+    from apps.agents.models import pack_trace, unpack_trace
+
+    llm.push(text("Hello"))
+    request = ChatRequest(messages=[*MESSAGES, {"role": "user", "content": "ünïcode ✓"}], tools=TOOLS)
+
+    response = complete(target, request)
+
+    stored = unpack_trace(pack_trace(response.raw["request"], response.raw["response"]))
+    assert stored == {"request": dict(response.raw["request"]), "response": response.raw["response"]}
+    assert stored["request"]["messages"] == llm.last_chat_request()["messages"]
+
+
 def test_request_settings_reach_the_server(target: ModelTarget, llm: ScriptedLLM) -> None:
     request = ChatRequest(
         messages=MESSAGES,

@@ -423,7 +423,7 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
         available = list(_available_tool_names(state))
         allowed = state.solver.allowed_tools(available)
         schemas = _tool_schemas(state, allowed)
-        messages = build_llm_messages(system_message, to_llm_messages(state.in_context))
+        messages = build_llm_messages(system_message, _llm_form(state.in_context))
         budget = budgeting.ContextBudget(state.context_window)
         model = state.target.litellm_model
         system_tokens = count_tokens(model, messages[:1])
@@ -607,7 +607,7 @@ def _message_tokens(state: LoopState) -> list[int]:
             key = (model, message.id, message.updated_at)
             tokens = _TOKEN_CACHE.get(key) if message.updated_at is not None else None
             if tokens is None:
-                converted = to_llm_messages([message])
+                converted = _llm_form([message])
                 tokens = count_tokens(model, converted) if converted else 0
                 if message.updated_at is not None:
                     if len(_TOKEN_CACHE) >= TOKEN_CACHE_MAX:
@@ -616,6 +616,19 @@ def _message_tokens(state: LoopState) -> list[int]:
             state.token_counts[message.id] = tokens
         counts.append(tokens)
     return counts
+
+
+def _llm_form(messages: list[Message]) -> list[dict[str, Any]]:
+    """to_llm_messages, remembered on each message object: a step resends every in-context message, and a
+    stored message does not change (apps.agents.loop.stored_messages; keyed by updated_at all the same).
+    Callers must not mutate the dicts (build_llm_messages copies them)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        remembered = message.__dict__.get("_llm_form")
+        if remembered is None or remembered[0] != message.updated_at:
+            remembered = message.__dict__["_llm_form"] = (message.updated_at, to_llm_messages([message]))
+        out.extend(remembered[1])
+    return out
 
 
 def _budget_role(message: Message) -> str:
