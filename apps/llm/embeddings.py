@@ -1,4 +1,5 @@
-"""Embeddings through litellm, batched, with the same retry policy and client reuse as chat calls."""
+"""Embeddings, batched, with the same retry policy and client reuse as chat calls: OpenAI-wire targets
+through apps.llm.openai_wire (unless LLM_CLIENT=litellm), others through litellm."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.llm import openai_wire
 from apps.llm._litellm import litellm
 from apps.llm.client import KEYLESS_API_KEY
 from apps.llm.errors import InvalidLLMResponse
@@ -47,17 +49,21 @@ def embedding_dimension(target: EmbeddingTarget, *, policy: RetryPolicy | None =
 
 
 def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPolicy) -> list[list[float]]:
-    kwargs: dict[str, Any] = {
-        "model": target.litellm_model,
-        "input": batch,
-        "api_base": target.api_base,
-        "api_key": target.api_key or KEYLESS_API_KEY,
-        "timeout": policy.timeout,
-        "max_retries": 0,
-        "num_retries": 0,
-    }
-    response, _ = call_with_retries(lambda: litellm.embedding(**kwargs), policy=policy, label=target.handle)
-    data = getattr(response, "data", None)
+    def send() -> Any:
+        if openai_wire.handles(target):
+            return openai_wire.embed(target, batch, timeout=policy.timeout)
+        response = litellm.embedding(
+            model=target.litellm_model,
+            input=batch,
+            api_base=target.api_base,
+            api_key=target.api_key or KEYLESS_API_KEY,
+            timeout=policy.timeout,
+            max_retries=0,
+            num_retries=0,
+        )
+        return getattr(response, "data", None)
+
+    data, _ = call_with_retries(send, policy=policy, label=target.handle)
     if not isinstance(data, list) or len(data) != len(batch):
         raise InvalidLLMResponse(
             f"{target.handle}: expected {len(batch)} embeddings, got {len(data) if isinstance(data, list) else 'none'}"

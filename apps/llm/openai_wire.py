@@ -1,4 +1,5 @@
-"""Chat completions on the OpenAI wire (OpenAI, OpenAI-compatible servers, Ollama), sent over HTTP here.
+"""Chat completions and embeddings on the OpenAI wire (OpenAI, OpenAI-compatible servers, Ollama), sent
+over HTTP here.
 
 Why not `litellm.completion` for these: it walks the whole message list several times per call
 (message validation, None clean-up, thought-signature and tool-search history passes, PDF detection,
@@ -29,7 +30,7 @@ from django.conf import settings
 
 from apps.llm._litellm import litellm
 from apps.llm.errors import InvalidLLMResponse, LLMApiError
-from apps.llm.handles import ModelTarget
+from apps.llm.handles import EmbeddingTarget, ModelTarget
 
 WIRE_PREFIX = "openai/"
 
@@ -38,7 +39,7 @@ KEYLESS_API_KEY = "no-key"
 an empty one would make litellm fall back to the process's OPENAI_API_KEY."""
 
 
-def handles(target: ModelTarget) -> bool:
+def handles(target: ModelTarget | EmbeddingTarget) -> bool:
     """Whether this module sends the target's calls (else litellm does)."""
     return getattr(settings, "LLM_CLIENT", "direct") == "direct" and target.litellm_model.startswith(
         WIRE_PREFIX
@@ -93,6 +94,16 @@ def complete(target: ModelTarget, body: str, *, timeout: float) -> dict[str, Any
     return _json_object(target, response.content, "chat completion")
 
 
+def embed(target: EmbeddingTarget, texts: list[str], *, timeout: float) -> Any:
+    """POST {api_base}/embeddings for these texts; the response's `data` (checked by the caller).
+    litellm.embedding spent ~6.6 ms of CPU per call around a ~1 ms exchange."""
+    body = encode({"model": target.litellm_model.removeprefix(WIRE_PREFIX), "input": texts})
+    url = f"{(target.api_base or '').rstrip('/')}/embeddings"
+    response = _http().post(url, content=body.encode(), headers=_headers(target), timeout=timeout)
+    response.raise_for_status()
+    return _json_object(target, response.content, "embedding response").get("data")
+
+
 @contextmanager
 def stream_chunks(target: ModelTarget, body: str, *, timeout: float) -> Iterator[Iterator[dict[str, Any]]]:
     """A streamed call: yields an iterator of the parsed chunks, up to `data: [DONE]`."""
@@ -126,7 +137,7 @@ def _events(target: ModelTarget, response: httpx.Response) -> Iterator[dict[str,
         yield _json_object(target, "\n".join(data), "stream chunk")
 
 
-def _json_object(target: ModelTarget, text: str | bytes, what: str) -> dict[str, Any]:
+def _json_object(target: ModelTarget | EmbeddingTarget, text: str | bytes, what: str) -> dict[str, Any]:
     try:
         parsed = json.loads(text)
     except ValueError as exc:
@@ -194,7 +205,7 @@ def _url(target: ModelTarget) -> str:
     return f"{(target.api_base or '').rstrip('/')}/chat/completions"
 
 
-def _headers(target: ModelTarget) -> dict[str, str]:
+def _headers(target: ModelTarget | EmbeddingTarget) -> dict[str, str]:
     return {
         "Authorization": f"Bearer {target.api_key or KEYLESS_API_KEY}",
         "Content-Type": "application/json",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,3 +92,38 @@ def env_openai(settings, server: ScriptedLLMServer) -> None:  # type: ignore[no-
 @pytest.fixture
 def target(env_openai: None, org: Organization) -> ModelTarget:
     return resolve_model("openai/scripted-chat", organization_id=org.id)
+
+
+@pytest.fixture
+def canned_server() -> Iterator[Callable[..., tuple[str, list[str]]]]:
+    """Servers that answer every POST with one fixed body (200 JSON unless told); each yields its /v1
+    URL and hits."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(
+        body: bytes, *, status: int = 200, content_type: str = "application/json"
+    ) -> tuple[str, list[str]]:
+        hits: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                hits.append(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet."""
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/v1", hits
+
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
