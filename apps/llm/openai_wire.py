@@ -12,9 +12,9 @@ parallel_tool_calls where a model refuses them), cached per model and settings. 
 
 The messages are sent as the caller built them, without None-valued fields (as litellm did: some
 servers reject `"name": null`). Provider errors surface as httpx errors, which apps.llm.retry
-classifies; a body that is not JSON raises InvalidLLMResponse, an error event inside a stream LLMApiError. Every call uses one pooled httpx client
-(`litellm.client_session`, apps.llm._litellm), so consecutive calls, blocking or streamed, share a
-keep-alive connection.
+classifies; a body that is not JSON raises InvalidLLMResponse, an error event inside a stream
+LLMApiError. Every call uses one pooled httpx client (`litellm.client_session`, apps.llm._litellm), so
+consecutive calls, blocking or streamed, share a keep-alive connection.
 """
 
 from __future__ import annotations
