@@ -147,11 +147,6 @@ def block_update(
     )
 
 
-def block_set_value(*, actor: Actor, block_id: str, value: str, editor: Editor) -> Block:
-    """Replace the value, keeping the limit and recording the editor."""
-    return block_update(actor=actor, block_id=block_id, value=value, editor=editor)
-
-
 def block_write_read_value(*, block: Block, value: str, editor: Editor, user_id: str | None = None) -> Block:
     """The write behind the memory tools: `block` as the caller read it (from its organisation), its value
     replaced if nobody wrote since (compare-and-set on the version read, no row lock). Raises

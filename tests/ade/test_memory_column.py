@@ -25,7 +25,7 @@ from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
 from apps.memory import archival
 from apps.memory.models import Block
 from apps.memory.selectors import block_history
-from apps.memory.services import Editor, block_set_value
+from apps.memory.services import Editor, block_update
 from tests.support.scripted_llm import ScriptedLLM
 
 
@@ -125,7 +125,7 @@ def test_a_block_changed_meanwhile_is_not_overwritten_and_its_current_value_is_s
     signed_in: Client, agent: Agent, actor: Actor
 ) -> None:
     block = _block(agent, "human")
-    block_set_value(
+    block_update(
         actor=actor, block_id=block.id, value="Name: Grace (from the agent)", editor=Editor.agent(agent.id)
     )
 
@@ -164,7 +164,7 @@ def test_history_shows_who_changed_what_as_a_diff_and_restore_brings_a_version_b
 ) -> None:
     block = _block(agent, "human")
     _save(signed_in, agent, block, "Name: Ada\nLikes tea")
-    block_set_value(
+    block_update(
         actor=actor, block_id=block.id, value="Name: Ada\nLikes green tea", editor=Editor.agent(agent.id)
     )
 
