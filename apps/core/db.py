@@ -26,19 +26,27 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     return sql, list(params)
 
 
-def insert_all(*batches: tuple[type[models.Model], Sequence[models.Model]]) -> None:
+def insert_all(
+    *batches: tuple[type[models.Model], Sequence[models.Model]], then: tuple[str, list[Any]] | None = None
+) -> tuple[Any, ...] | None:
     """Insert several models' rows in one statement (data-modifying CTEs): one round trip, atomic by
-    itself. The objects are marked saved, as bulk_create does."""
-    batches = tuple((model, objs) for model, objs in batches if objs)
-    if not batches:
-        return
-    inserts = [insert_sql(model, objs) for model, objs in batches]
-    *first, (last_sql, _) = inserts
-    ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(first))
-    statement = f"WITH {ctes} {last_sql}" if first else last_sql
+    itself. `then` (SQL, params) is the statement's main part, run with the inserts; its first row is
+    returned. The objects are marked saved, as bulk_create does."""
+    inserts = [insert_sql(model, objs) for model, objs in batches if objs]
+    if then is None:
+        if not inserts:
+            return None
+        *inserts, then = inserts
+    ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(inserts))
+    main_sql, main_params = then
     with connection.cursor() as cursor:
-        cursor.execute(statement, [param for _, params in inserts for param in params])
+        cursor.execute(
+            f"WITH {ctes} {main_sql}" if ctes else main_sql,
+            [param for _, params in inserts for param in params] + list(main_params),
+        )
+        row = cursor.fetchone() if cursor.description else None
     mark_saved(obj for _, objs in batches for obj in objs)
+    return row
 
 
 def mark_saved(objs: Any) -> None:

@@ -47,7 +47,7 @@ from apps.agents.recall import embed_messages
 from apps.agents.recovery import fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
-from apps.core.db import insert_sql, mark_saved
+from apps.core.db import insert_all
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
@@ -924,25 +924,17 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
     step.stop_reason = stop_reason
     holder = Conversation if state.conversation is not None else Agent
     holder_id = state.conversation.id if state.conversation is not None else state.agent.id
-    inserts = [insert_sql(Step, [step])]
-    if messages:
-        inserts.append(insert_sql(Message, messages))
-    ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(inserts))
-    params = [param for _, insert_params in inserts for param in insert_params]
     run_status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
     if messages:
         # Appends the new ids (not the hundreds already there); the row lock orders it like any writer.
-        statement = (
-            f"WITH {ctes} UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
-            f"WHERE id = %s RETURNING {run_status}"
+        then = (
+            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
+            f"WHERE id = %s RETURNING {run_status}",
+            [[m.id for m in messages], holder_id, state.run.id],
         )
-        params += [[m.id for m in messages], holder_id, state.run.id]
     else:
-        statement, params = f"WITH {ctes} SELECT {run_status}", [*params, state.run.id]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        row = cursor.fetchone()
-    mark_saved((step, *messages))
+        then = (f"SELECT {run_status}", [state.run.id])
+    row = insert_all((Step, [step]), (Message, messages), then=then)
     state.status_at_persist = row[0] if row else None
     state.in_context.extend(messages)
     state.produced.extend(messages)
