@@ -97,9 +97,7 @@ def complete(target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy |
     """
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
-        body = _wire_body(target, request, stream=False)
-        encoded = openai_wire.encode(body)
-        trace = _wire_trace(target, body, encoded, policy)
+        encoded, trace = _wire_request(target, request, policy, stream=False)
 
         def send() -> dict[str, Any]:
             return openai_wire.complete(target, encoded, timeout=policy.timeout)
@@ -138,9 +136,7 @@ def stream(
     """
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
-        body = _wire_body(target, request, stream=True)
-        encoded = openai_wire.encode(body)
-        trace = _wire_trace(target, body, encoded, policy)
+        encoded, trace = _wire_request(target, request, policy, stream=True)
 
         def chunks() -> AbstractContextManager[Iterator[dict[str, Any]]]:
             return openai_wire.stream_chunks(target, encoded, timeout=policy.timeout)
@@ -180,8 +176,19 @@ def stream(
     )
 
 
-def _wire_body(target: ModelTarget, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-    return openai_wire.request_body(
+class EncodedTrace(dict[str, Any]):
+    """A trace dict that also carries its own JSON text (`json_text`), so storing it (Step.trace) does
+    not encode the whole context a second time (~1.4 ms per step at 800 messages)."""
+
+    json_text: str
+
+
+def _wire_request(
+    target: ModelTarget, request: ChatRequest, policy: RetryPolicy, *, stream: bool
+) -> tuple[str, EncodedTrace]:
+    """The OpenAI-wire body, encoded once, and its trace: the body as sent, with where it went and the
+    timeout (never the key)."""
+    body = openai_wire.request_body(
         target,
         messages=request.messages,
         tools=request.tools,
@@ -191,23 +198,11 @@ def _wire_body(target: ModelTarget, request: ChatRequest, *, stream: bool) -> di
         parallel_tool_calls=request.parallel_tool_calls,
         stream=stream,
     )
-
-
-class EncodedTrace(dict[str, Any]):
-    """A trace dict that also carries its own JSON text (`json_text`), so storing it (Step.trace) does
-    not encode the whole context a second time (~1.4 ms per step at 800 messages)."""
-
-    json_text: str
-
-
-def _wire_trace(
-    target: ModelTarget, body: dict[str, Any], encoded: str, policy: RetryPolicy
-) -> dict[str, Any]:
-    """The request as sent (the body), with where it went and the timeout; never the key."""
+    encoded = openai_wire.encode(body)
     extra = {"api_base": target.api_base, "timeout": policy.timeout}
     trace = EncodedTrace({**body, **extra})
     trace.json_text = encoded[:-1] + "," + json.dumps(extra, ensure_ascii=False, separators=(",", ":"))[1:]
-    return trace
+    return encoded, trace
 
 
 def _call_kwargs(
