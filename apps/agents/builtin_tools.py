@@ -236,7 +236,7 @@ def _memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> Tool
 
 def _memory_rethink(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
     label, new_memory = args["label"], args["new_memory"]
-    if _attachment(ctx, agent, label) is None:
+    if _known_block(ctx, label) is None and _attachment(ctx, agent, label) is None:
         block = _create_block(ctx, agent, label, new_memory)
         return ToolResult.ok(EDIT_CONFIRMATION.format(label=block.label), memory_changed=True)
     block, changed = _edit_block(ctx, agent, label, lambda view: edits.memory_rethink(view, new_memory))
@@ -257,18 +257,24 @@ def _edit_block(
     The write is compare-and-set on the version read here, so a concurrent writer is never overwritten:
     the edit is recomputed on the newer value. Raises MemoryEditError (unknown label, edit refused).
     """
-    for _attempt in range(EDIT_ATTEMPTS):
-        link = _attachment(ctx, agent, label)
-        if link is None:
-            raise MemoryEditError(_unknown_label_message(agent, label))
-        block = link.block
+    for attempt in range(EDIT_ATTEMPTS):
+        block = _known_block(ctx, label) if attempt == 0 else None
+        if block is None:
+            link = _attachment(ctx, agent, label)
+            if link is None:
+                raise MemoryEditError(_unknown_label_message(agent, label))
+            block = link.block
         view = BlockView(label=block.label, value=block.value, limit=block.limit, read_only=block.read_only)
         new_value = compute(view)
         if new_value == block.value:
             return block, False
         try:
             updated = memory_services.block_write_read_value(
-                block=block, value=new_value, editor=Editor.agent(agent.id), user_id=ctx.actor.user_id
+                block=block,
+                value=new_value,
+                editor=Editor.agent(agent.id),
+                user_id=ctx.actor.user_id,
+                attached_to=agent.id,
             )
         except BlockConcurrentUpdate:
             continue
@@ -290,6 +296,11 @@ def _create_block(ctx: ToolContext, agent: Agent, label: str, value: str) -> Blo
     return memory_services.block_update(
         actor=ctx.actor, block_id=block.id, value=new_value, editor=Editor.agent(agent.id)
     )
+
+
+def _known_block(ctx: ToolContext, label: str) -> Block | None:
+    """The run's copy of the block labelled `label`, if it holds one (possibly stale: see _edit_block)."""
+    return next((block for block in ctx.blocks if block.label == label), None)
 
 
 def _attachment(ctx: ToolContext, agent: Agent, label: str) -> AgentBlock | None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from django.db import connection, models
 from django.db.models.sql import InsertQuery
+
+M = TypeVar("M", bound=models.Model)
 
 
 def release_pooled_connection() -> None:
@@ -53,3 +56,52 @@ def mark_saved(objs: Any) -> None:
     """What Django sets on a model instance once its row exists."""
     for obj in objs:
         obj._state.adding, obj._state.db = False, connection.alias
+
+
+class RowReader(Generic[M]):
+    """Model instances from a hand-written SELECT, as the ORM would build them.
+
+    For hot paths where compiling the ORM's query costs more than running it (~0.3-0.6 ms of CPU against
+    ~0.15 ms for the round trip). `columns` is the select list to put in the query: every concrete column
+    of the table aliased `alias` except `exclude` (deferred, as QuerySet.defer leaves them); `instance`
+    turns the first `width` values of a row into a model instance, with the converters the ORM applies
+    (JSON text parsed, encrypted fields decrypted)."""
+
+    def __init__(self, model: type[M], alias: str, exclude: frozenset[str]) -> None:
+        fields = [f for f in model._meta.concrete_fields if f.name not in exclude]
+        self.model = model
+        self.columns = ", ".join(f'{alias}."{f.column}"' for f in fields)
+        self.width = len(fields)
+        self._attnames = [f.attname for f in fields]
+        self._converters: list[tuple[int, list[Callable[..., Any]], Any]] = []
+        for index, field in enumerate(fields):
+            column = field.get_col(alias)
+            converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if converters:
+                self._converters.append((index, converters, column))
+
+    def position(self, attname: str) -> int:
+        """Where a field's value is in a row."""
+        return self._attnames.index(attname)
+
+    def instance(self, row: Sequence[Any]) -> M:
+        values = list(row[: self.width])
+        for index, converters, column in self._converters:
+            for convert in converters:
+                values[index] = convert(values[index], column, connection)
+        return self.model.from_db(connection.alias, self._attnames, values)
+
+
+@functools.cache
+def row_reader(model: type[M], alias: str, exclude: frozenset[str] = frozenset()) -> RowReader[M]:
+    return RowReader(model, alias, exclude)
+
+
+def fetch_instances(
+    model: type[M], sql: str, params: Sequence[Any], *, alias: str, exclude: frozenset[str] = frozenset()
+) -> list[M]:
+    """Instances of `model` from `sql`, whose select list is written `{columns}` (RowReader)."""
+    reader = row_reader(model, alias, exclude)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.replace("{columns}", reader.columns), params)
+        return [reader.instance(row) for row in cursor.fetchall()]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from apps.core.db import fetch_instances
 from apps.llm._litellm import litellm
 from apps.llm.errors import ContextWindowLimitTooLarge, ProviderNotConfigured, UnknownModelHandle
 from apps.llm.models import Provider
@@ -149,7 +150,15 @@ def _split(handle: str, *, kind: str) -> tuple[str, str]:
 
 def _credentials(provider_name: str, *, organization_id: str, handle: str) -> _Credentials:
     """The organisation's Provider row of that name, else the environment's provider of that name."""
-    row = Provider.objects.for_org(organization_id).filter(name=provider_name).first()
+    # Read for every run: the hand-written query costs a third of the ORM's (apps.core.db.RowReader).
+    rows = fetch_instances(
+        Provider,
+        f"SELECT {{columns}} FROM {Provider._meta.db_table} AS provider "
+        "WHERE provider.organization_id = %s AND provider.name = %s LIMIT 1",
+        [organization_id, provider_name],
+        alias="provider",
+    )
+    row = rows[0] if rows else None
     if row is not None:
         creds = _Credentials(
             name=row.name,

@@ -282,13 +282,27 @@ def archival_count(*, actor: Actor, archive_ids: Sequence[str]) -> int:
 
 
 def agent_archival_stats(*, actor: Actor, agent_id: str) -> tuple[int, list[str]]:
-    """How many passages the agent's archives hold and their distinct tags (unsorted): two lookups in
-    the counts the passage triggers keep, however many passages there are."""
-    archives = {"archive__agents": agent_id, "archive__organization_id": actor.organization_id}
-    total = ArchiveStats.objects.filter(**archives).aggregate(total=Sum("passage_count"))["total"]
-    if not total:
-        return 0, []
-    return int(total), list(ArchiveTag.objects.filter(**archives).values_list("tag", flat=True).distinct())
+    """How many passages the agent's archives hold and their distinct tags (unsorted): read from the counts
+    the passage triggers keep, however many passages there are, in one statement (every run reads them
+    for its memory metadata)."""
+    links = Archive.agents.through._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH archives AS (
+                SELECT link.archive_id FROM {links} AS link
+                JOIN {Archive._meta.db_table} AS archive ON archive.id = link.archive_id
+                WHERE link.agent_id = %s AND archive.organization_id = %s
+            )
+            SELECT (SELECT coalesce(sum(passage_count), 0) FROM {ArchiveStats._meta.db_table}
+                    WHERE archive_id IN (SELECT archive_id FROM archives)),
+                   ARRAY(SELECT DISTINCT tag FROM {ArchiveTag._meta.db_table}
+                         WHERE archive_id IN (SELECT archive_id FROM archives))
+            """,
+            [agent_id, actor.organization_id],
+        )
+        total, tags = cursor.fetchone()
+    return int(total), list(tags) if total else []
 
 
 def normalize_tags(tags: Sequence[str] | None) -> list[str]:

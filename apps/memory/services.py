@@ -147,11 +147,19 @@ def block_update(
     )
 
 
-def block_write_read_value(*, block: Block, value: str, editor: Editor, user_id: str | None = None) -> Block:
+def block_write_read_value(
+    *,
+    block: Block,
+    value: str,
+    editor: Editor,
+    user_id: str | None = None,
+    attached_to: str | None = None,
+) -> Block:
     """The write behind the memory tools: `block` as the caller read it (from its organisation), its value
-    replaced if nobody wrote since (compare-and-set on the version read, no row lock). Raises
-    BlockConcurrentUpdate when someone did: the caller re-reads and recomputes its edit. Returns the
-    written block (a copy; `block` keeps what was read).
+    replaced if nobody wrote since (compare-and-set on the version read, no row lock) and, with
+    `attached_to` (an agent id), only while it is still attached to that agent (a detach does not change
+    the version). Raises BlockConcurrentUpdate when either changed: the caller re-reads and recomputes
+    its edit. Returns the written block (a copy; `block` keeps what was read).
 
     One statement, atomic by itself: the UPDATE and, only when it wrote, its history row (an agent's
     memory edit was BEGIN, UPDATE, INSERT, COMMIT)."""
@@ -170,12 +178,25 @@ def block_write_read_value(*, block: Block, value: str, editor: Editor, user_id:
     )
     fields = {Block._meta.get_field(name).column: field_value for name, field_value in changed.items()}
     assignments = ", ".join(f'"{column}" = %s' for column in fields)
+    still_attached = (
+        f' AND EXISTS (SELECT 1 FROM {AgentBlock._meta.db_table} WHERE "agent_id" = %s AND "block_id" = %s)'
+        if attached_to
+        else ""
+    )
     statement = (
         f'WITH updated AS (UPDATE {Block._meta.db_table} SET "version" = "version" + 1, {assignments} '
-        'WHERE "id" = %s AND "organization_id" = %s AND "version" = %s RETURNING 1), '
+        f'WHERE "id" = %s AND "organization_id" = %s AND "version" = %s{still_attached} RETURNING 1), '
         f"history AS ({only_if_written}) SELECT count(*) FROM updated"
     )
-    params = [*fields.values(), block.id, block.organization_id, block.version, *insert_params]
+    attachment_params = [attached_to, block.id] if attached_to else []
+    params = [
+        *fields.values(),
+        block.id,
+        block.organization_id,
+        block.version,
+        *attachment_params,
+        *insert_params,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         (updated,) = cursor.fetchone()

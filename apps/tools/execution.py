@@ -24,6 +24,9 @@ class ToolContext:
     step_id: str | None = None
     embedding_handle: str = ""
     timezone: str = "UTC"
+    # The agent's memory Blocks as the run last read or wrote them: a memory edit starts from these (its
+    # compare-and-set write catches a newer version) instead of reading the block again.
+    blocks: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

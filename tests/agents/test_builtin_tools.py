@@ -1,7 +1,10 @@
+import dataclasses
 import json
 from collections.abc import Iterator
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.agents.builtin_tools import EDIT_CONFIRMATION, executable_builtins, execute_builtin
 from apps.agents.models import Message
@@ -200,6 +203,42 @@ def test_a_concurrent_write_is_kept_and_the_edit_reapplied(ctx, agent, monkeypat
     assert result.return_value == "Sam (from the ADE)\nLikes tea"
     assert calls == ["Sam", "Sam (from the ADE)"]
     assert [h[:2] for h in history(block)] == [(2, "user"), (3, "agent")]
+
+
+def test_an_edit_starts_from_the_runs_copy_and_reads_the_block_only_when_it_is_stale(ctx, agent):
+    block = attach(agent, "human", "Sam")
+    held = Block.objects.unscoped().get(id=block.id)  # what the run loaded
+    with_copy = dataclasses.replace(ctx, blocks=(held,))
+
+    with CaptureQueriesContext(connection) as fresh_copy:
+        first = run(with_copy, agent, "core_memory_append", label="human", content="Likes tea")
+    memory_services.block_update(
+        actor=ctx.actor, block_id=block.id, value="Sam (from the ADE)", editor=Editor("user", "u1")
+    )
+    stale_copy = dataclasses.replace(ctx, blocks=(first.edited_block,))
+    second = run(stale_copy, agent, "core_memory_append", label="human", content="Likes jazz")
+
+    assert first.return_value == "Sam\nLikes tea"
+    assert len(fresh_copy) == 1  # the compare-and-set write with its history row, no read
+    assert second.return_value == "Sam (from the ADE)\nLikes jazz"  # the ADE's write is kept
+    block.refresh_from_db()
+    assert block.value == "Sam (from the ADE)\nLikes jazz"
+
+
+def test_a_block_detached_after_the_run_loaded_it_is_not_written(ctx, agent):
+    block = attach(agent, "human", "Sam")
+    held = Block.objects.unscoped().get(id=block.id)
+    memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id)
+
+    result = run(dataclasses.replace(ctx, blocks=(held,)), agent, "memory_replace",
+                 label="human", old_string="Sam", new_string="Al")  # fmt: skip
+
+    assert (result.status, result.return_value) == (
+        "error",
+        "No memory block labelled 'human': this agent has no memory blocks.",
+    )
+    block.refresh_from_db()
+    assert (block.value, block.version) == ("Sam", held.version)
 
 
 # -- core memory tools: errors the model can read -------------------------------------------------------

@@ -41,13 +41,13 @@ from apps.agents.loop.convert import send_message_text, to_letta_messages, to_ll
 from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
 from apps.agents.loop.stored_messages import in_context_messages
-from apps.agents.models import Agent, Conversation, Message, Run, Step, StopReason, pack_trace
+from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, StopReason, pack_trace
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
 from apps.agents.recovery import fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
-from apps.core.db import insert_all
+from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
 from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
@@ -55,7 +55,7 @@ from apps.llm.handles import ModelTarget, resolve_model
 from apps.llm.tokens import count_tokens
 from apps.memory.archival import agent_archival_stats
 from apps.memory.edits import should_show_line_numbers
-from apps.memory.models import Block
+from apps.memory.models import AgentBlock, Block
 from apps.streams.events import RedisStreamSink, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.mcp import run_mcp_tool
@@ -241,6 +241,7 @@ def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run
     statement. Returns (the claimed run or None, whether other runs of the agent are RUNNING, whether an
     earlier run of the conversation waits). The caller holds the conversation's lock."""
     table = Run._meta.db_table
+    reader = row_reader(Run, table)
     created, running = Run.Status.CREATED, Run.Status.RUNNING
     params = {
         "id": run_id,
@@ -266,7 +267,7 @@ def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run
                 WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
                   AND conversation_id IS NOT DISTINCT FROM %(conversation)s
                   AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
-                RETURNING *
+                RETURNING {reader.columns}
             )
             SELECT claimed.*,
                    EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
@@ -276,21 +277,10 @@ def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run
             params,
         )
         row = cursor.fetchone()
-        columns = [column.name for column in cursor.description]
     *values, orphans, earlier_waiting = row
-    if values[columns.index("id")] is None:
+    if values[reader.position("id")] is None:  # nothing claimed
         return None, orphans, earlier_waiting
-    by_column = dict(zip(columns, values, strict=False))
-    fields = Run._meta.concrete_fields
-    # In the model's field order (Model.from_db expects it), converted as the ORM's query would (JSONField
-    # parses its text).
-    converted = [
-        field.from_db_value(by_column[field.column], None, connection)
-        if hasattr(field, "from_db_value")
-        else by_column[field.column]
-        for field in fields
-    ]
-    return Run.from_db(connection.alias, [f.attname for f in fields], converted), orphans, earlier_waiting
+    return reader.instance(values), orphans, earlier_waiting
 
 
 def _drive(run: Run, sink: EventSink) -> TurnResult:
@@ -730,6 +720,7 @@ def _run_tool_call(
         step_id=step_id,
         embedding_handle=state.agent.embedding,
         timezone=state.agent.timezone or "UTC",
+        blocks=tuple(state.blocks),
     )
     if tool.tool_type.startswith("letta_"):
         from apps.agents.builtin_tools import execute_builtin
@@ -958,7 +949,10 @@ def _raise_if_cancelled(
 ) -> None:
     """Stop if the run was cancelled; `status` is the run's status when the caller has just read it."""
     if status is None:
-        status = Run.objects.unscoped().filter(id=state.run.id).values_list("status", flat=True).first()
+        with connection.cursor() as cursor:  # every step with tool calls: a third of the ORM's cost
+            cursor.execute(f"SELECT status FROM {Run._meta.db_table} WHERE id = %s", [state.run.id])
+            row = cursor.fetchone()
+        status = row[0] if row else None
     if status == Run.Status.CANCELLED:
         if pending is not None:
             _persist_step(state, pending[0], pending[1], stop_reason=StopReason.CANCELLED)
@@ -996,10 +990,8 @@ def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loo
     """Everything a run works on. keep_messages: reuse and keep this process's loaded messages
     (apps.agents.loop.stored_messages)."""
     actor = Actor.system(run.organization_id)
-    agent = Agent.objects.for_actor(actor).get(id=run.agent_id)
-    conversation = (
-        Conversation.objects.for_actor(actor).get(id=run.conversation_id) if run.conversation_id else None
-    )
+    agent = _load_one(Agent, run.agent_id, actor)
+    conversation = _load_one(Conversation, run.conversation_id, actor) if run.conversation_id else None
     try:
         target = resolve_model(
             agent.model,
@@ -1014,7 +1006,7 @@ def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loo
     ids = conversation.message_ids if conversation else agent.message_ids
     in_context = in_context_messages(actor, ids, keep=keep_messages)
     blocks = _load_blocks(agent, actor)
-    tools = {t.name: t for t in Tool.objects.for_actor(actor).filter(agent_attachments__agent=agent)}
+    tools = {tool.name: tool for tool in _load_tools(agent, actor)}
     client_tools = {t["name"]: t for t in run.request_config.get("client_tools") or []}
     return LoopState(
         run=run,
@@ -1035,8 +1027,43 @@ def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loo
     )
 
 
+# What every run reads is written as SQL: the ORM's compilation of these queries cost more than running
+# them (~1 ms of CPU each against ~0.2; bench/RESULTS.md). Each is scoped to the run's organisation.
+
+
+def _load_one(model: type[Agent] | type[Conversation], row_id: str, actor: Actor) -> Any:
+    table = model._meta.db_table
+    rows = fetch_instances(
+        model,
+        f"SELECT {{columns}} FROM {table} AS row WHERE row.id = %s AND row.organization_id = %s",
+        [row_id, actor.organization_id],
+        alias="row",
+    )
+    if not rows:
+        raise model.DoesNotExist(f"{model.__name__} '{row_id}' not found")
+    return rows[0]
+
+
 def _load_blocks(agent: Agent, actor: Actor) -> list[Block]:
-    return list(Block.objects.for_actor(actor).filter(agent_attachments__agent=agent).order_by("created_at"))
+    return fetch_instances(
+        Block,
+        f"SELECT {{columns}} FROM {Block._meta.db_table} AS block "
+        f"JOIN {AgentBlock._meta.db_table} AS link ON link.block_id = block.id "
+        "WHERE link.agent_id = %s AND block.organization_id = %s ORDER BY block.created_at, block.id",
+        [agent.id, actor.organization_id],
+        alias="block",
+    )
+
+
+def _load_tools(agent: Agent, actor: Actor) -> list[Tool]:
+    return fetch_instances(
+        Tool,
+        f"SELECT {{columns}} FROM {Tool._meta.db_table} AS tool "
+        f"JOIN {AgentTool._meta.db_table} AS link ON link.tool_id = tool.id "
+        "WHERE link.agent_id = %s AND tool.organization_id = %s ORDER BY tool.name",
+        [agent.id, actor.organization_id],
+        alias="tool",
+    )
 
 
 def _memory_stats(

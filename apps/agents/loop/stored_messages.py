@@ -21,6 +21,7 @@ from django.conf import settings
 
 from apps.agents.models import Message
 from apps.core.actor import Actor
+from apps.core.db import fetch_instances
 
 _kept: OrderedDict[str, Message] = OrderedDict()
 _lock = threading.Lock()
@@ -41,7 +42,14 @@ def in_context_messages(actor: Actor, ids: list[str], *, keep: bool = True) -> l
                     _kept.move_to_end(message_id)
     missing = [message_id for message_id in ids if message_id not in found]
     if missing:
-        fetched = list(Message.objects.for_actor(actor).filter(id__in=missing).defer("embedding"))
+        fetched = fetch_instances(
+            Message,
+            f"SELECT {{columns}} FROM {Message._meta.db_table} AS message "
+            "WHERE message.id = ANY(%s) AND message.organization_id = %s",
+            [missing, actor.organization_id],
+            alias="message",
+            exclude=frozenset({"embedding"}),  # recall's, never part of a prompt
+        )
         found.update((message.id, message) for message in fetched)
         if limit:
             with _lock:
