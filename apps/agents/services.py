@@ -11,9 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import QuerySet, Subquery
-from django.db.models.expressions import RawSQL
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
@@ -42,7 +40,7 @@ from apps.agents.selectors import (
 )
 from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
-from apps.core.db import insert_all, release_pooled_connection
+from apps.core.db import insert_all, release_pooled_connection, row_reader
 from apps.core.errors import InvalidInput, NotFound, PermissionDenied
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
@@ -290,13 +288,29 @@ def pending_approval(*, agent: Agent, conversation: Conversation | None) -> Mess
     return None
 
 
-def _with_last_message_role(queryset: QuerySet) -> QuerySet:
-    """Agents or conversations without message_ids, annotated with the role of their last in-context
-    message (None when they have none)."""
-    table = queryset.model._meta.db_table
-    last_id = RawSQL(f'"{table}"."message_ids"[cardinality("{table}"."message_ids")]', ())
-    role = Message.all_objects.filter(id=last_id).values("role")[:1]
-    return queryset.defer("message_ids").annotate(last_message_role=Subquery(role))
+def _locked_with_last_message_role(
+    model: type[Agent] | type[Conversation], actor: Actor, row_id: str, *, agent_id: str | None = None
+) -> Any:
+    """The agent's (or the agent's conversation's) row, locked FOR UPDATE, without its long message_ids,
+    with `last_message_role`: the role of its last in-context message (None when it has none). None when
+    the actor's organisation has no such row. Hand-written: every send takes it, and the ORM's compilation
+    of the annotated query cost more than running it."""
+    reader = row_reader(model, "holder", frozenset({"message_ids"}))
+    of_agent = " AND holder.agent_id = %s" if agent_id is not None else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {reader.columns}, (SELECT message.role FROM {Message._meta.db_table} AS message "
+            "WHERE message.id = holder.message_ids[cardinality(holder.message_ids)]) "
+            f"FROM {model._meta.db_table} AS holder WHERE holder.id = %s AND holder.organization_id = %s"
+            f"{of_agent} FOR UPDATE OF holder",
+            [row_id, actor.organization_id, *([agent_id] if agent_id is not None else [])],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    holder = reader.instance(row)
+    holder.last_message_role = row[reader.width]
+    return holder
 
 
 def _validate_approvals(pending: Message, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -351,20 +365,12 @@ def run_create(
         raise InvalidInput("max_steps must be at least 1")
     # The locked row without its (long) message_ids, with the role of its last in-context message: a
     # pending approval is looked up only when that is one (a send is one query here, not two).
-    agent = (
-        _with_last_message_role(Agent.objects.for_actor(actor).select_for_update())
-        .filter(id=agent_id)
-        .first()
-    )
+    agent = _locked_with_last_message_role(Agent, actor, agent_id)
     if agent is None:
         raise AgentNotFound(f"Agent with id '{agent_id}' not found")
     conversation = None
     if conversation_id:
-        conversation = (
-            _with_last_message_role(Conversation.objects.for_actor(actor).select_for_update())
-            .filter(id=conversation_id, agent=agent)
-            .first()
-        )
+        conversation = _locked_with_last_message_role(Conversation, actor, conversation_id, agent_id=agent.id)
         if conversation is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found")
     holder = conversation or agent
