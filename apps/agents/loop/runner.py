@@ -1035,9 +1035,9 @@ def _load_one(model: type[Agent] | type[Conversation], row_id: str, actor: Actor
     table = model._meta.db_table
     rows = fetch_instances(
         model,
-        f"SELECT {{columns}} FROM {table} AS row WHERE row.id = %s AND row.organization_id = %s",
+        f"SELECT {{columns}} FROM {table} AS loaded WHERE loaded.id = %s AND loaded.organization_id = %s",
         [row_id, actor.organization_id],
-        alias="row",
+        alias="loaded",
     )
     if not rows:
         raise model.DoesNotExist(f"{model.__name__} '{row_id}' not found")
