@@ -117,7 +117,8 @@ def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, ll
     edit = next(i for i, sql in enumerate(statements) if "UPDATE memory_block SET" in sql)
     assert 'INSERT INTO "memory_blockhistory"' in statements[edit]
     block_reads = [i for i, sql in enumerate(statements) if "FROM memory_block AS block" in sql]
-    assert block_reads and max(block_reads) < edit - 2  # the run's load, before the first step
+    assert len(block_reads) == 1  # the run's load: no read before or after the edit
+    assert block_reads[0] < edit - 2  # before the first step
     assert sum(sql.startswith("SELECT status FROM agents_run") for sql in statements) == 1
 
 
