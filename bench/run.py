@@ -138,12 +138,14 @@ class Tenant:
         ).id
 
     def delete(self) -> None:
-        archival.cleanup(self.organization.id)
+        archival_seconds = archival.cleanup(self.organization.id)
+        cleaned = time.monotonic()
         with connection.cursor() as cursor:
             for table in ("agents_step", "agents_run"):
                 cursor.execute(f"DELETE FROM {table} WHERE organization_id = %s", [self.organization.id])
         Organization.objects.filter(id=self.organization.id).delete()
         User.objects.filter(id=self.user.id).delete()
+        log(f"  clean-up: {archival_seconds}; the organisation {time.monotonic() - cleaned:.1f} s")
 
 
 # --- turn figures ------------------------------------------------------------------------------------

@@ -82,16 +82,16 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     small_count = queries_for_one_turn(send, llm, small)
     big_count = queries_for_one_turn(send, llm, big)
 
-    # The bound (README, "Agent loop"): 17 statements and 2 savepoints for a one-step turn.
-    # Input: agent lock (with its last message's role), run and messages (one statement). Start: advisory lock, one statement
-    # that checks for orphaned and earlier runs and claims, admit the input (one UPDATE). Loading: agent
+    # The bound (README, "Agent loop"): 16 statements and 2 savepoints for a one-step turn.
+    # Input: agent lock (with its last message's role), run and messages (one statement). Start: advisory
+    # lock, one statement that checks for orphaned and earlier runs, claims and admits the input. Loading: agent
     # (with its message count, kept by a trigger), provider, messages (only those this process has not
     # loaded before), blocks, tools, archival counts. The step: one statement (step, messages, append to
     # the in-context list; no cancel check: the claim just read the run). Finishing: run and agent (one
     # statement), unlock. After the answer: the steps' provider traces (one UPDATE), the run's recall
     # embeddings (provider, one UPDATE).
     assert big_count == small_count
-    assert small_count <= 19
+    assert small_count <= 18
 
 
 def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):

@@ -237,19 +237,28 @@ def _execute_run(
 
 
 def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run | None, bool, bool]:
-    """Claim the run (created -> running) unless an earlier run of its conversation still waits, in one
-    statement. Returns (the claimed run or None, whether other runs of the agent are RUNNING, whether an
-    earlier run of the conversation waits). The caller holds the conversation's lock."""
+    """Claim the run (created -> running) unless an earlier run of its conversation still waits, and admit
+    its input into the context window, in one statement (atomic by itself). Returns (the claimed run or
+    None, whether other runs of the agent are RUNNING, whether an earlier run of the conversation waits).
+    The caller holds the conversation's lock.
+
+    Admitting appends the run's input (user messages, an approval decision), in sequence order, to the
+    in-context ids of the agent or conversation, skipping any the list holds already; the UPDATE's row
+    lock orders it against any other writer of the list."""
     table = Run._meta.db_table
     reader = row_reader(Run, table)
+    holder_table = (Conversation if conversation_id else Agent)._meta.db_table
     created, running = Run.Status.CREATED, Run.Status.RUNNING
     params = {
         "id": run_id,
         "agent": agent_id,
         "conversation": conversation_id,
+        "holder": conversation_id or agent_id,
         "created": created,
         "running": running,
         "now": timezone.now(),
+        "tool": Message.Role.TOOL,
+        "assistant": Message.Role.ASSISTANT,
     }
     with connection.cursor() as cursor:
         cursor.execute(
@@ -268,6 +277,14 @@ def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run
                   AND conversation_id IS NOT DISTINCT FROM %(conversation)s
                   AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
                 RETURNING {reader.columns}
+            ), admitted AS (
+                UPDATE {holder_table} AS holder SET message_ids = holder.message_ids || ARRAY(
+                    SELECT m.id FROM {Message._meta.db_table} AS m
+                    WHERE m.run_id = %(id)s AND m.step_id IS NULL AND m.role NOT IN (%(tool)s, %(assistant)s)
+                      AND NOT (m.id = ANY(holder.message_ids))
+                    ORDER BY m.sequence_id
+                )::varchar[]
+                WHERE holder.id = %(holder)s AND EXISTS (SELECT 1 FROM claimed)
             )
             SELECT claimed.*,
                    EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
@@ -286,7 +303,6 @@ def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run
 def _drive(run: Run, sink: EventSink) -> TurnResult:
     run_id = run.id
     state: LoopState | None = None
-    _admit_input(run)
     try:
         state = _load_state(run, sink)
         state.inputs = [m for m in state.in_context if m.run_id == run.id and m.role == Message.Role.USER]
@@ -960,30 +976,6 @@ def _raise_if_cancelled(
 
 
 # --- loading and finishing --------------------------------------------------------------------------
-
-
-def _admit_input(run: Run) -> None:
-    """Append the run's input (user messages, an approval decision) to the in-context messages.
-
-    One UPDATE (its row lock orders it against any other writer of the list): the input's ids, in
-    sequence order, that the list does not hold yet are appended."""
-    holder = Conversation if run.conversation_id else Agent
-    holder_id = run.conversation_id or run.agent_id
-    table = holder._meta.db_table
-    message_table = Message._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {table} AS holder SET message_ids = holder.message_ids || ARRAY(
-                SELECT m.id FROM {message_table} AS m
-                WHERE m.run_id = %s AND m.step_id IS NULL AND m.role NOT IN (%s, %s)
-                  AND NOT (m.id = ANY(holder.message_ids))
-                ORDER BY m.sequence_id
-            )::varchar[]
-            WHERE holder.id = %s
-            """,
-            [run.id, Message.Role.TOOL, Message.Role.ASSISTANT, holder_id],
-        )
 
 
 def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> LoopState:
