@@ -113,6 +113,12 @@ class _BenchHandler(scripted._Handler):
     def _record(self, body: Any, raw: str, **extra: Any) -> None:
         """No request log: bodies of long conversations would cost memory and CPU."""
 
+    def parse_request(self) -> bool:
+        # The request line has arrived: the server's time starts here, before it parses the headers (the
+        # stand-in's own work, not the platform's).
+        self._started_wall, self._started, self._ttft = time.time(), time.perf_counter(), None
+        return super().parse_request()
+
     def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
         if path == "/_bench/timings":
@@ -130,7 +136,6 @@ class _BenchHandler(scripted._Handler):
                 TIMINGS.latency = float(body["latency"])
             self._send_json(200, {"latency": TIMINGS.latency})
             return
-        self._started_wall, self._started, self._ttft = time.time(), time.perf_counter(), None
         super().do_POST()
         if path.startswith("/v1/"):
             kind = "embed" if path.endswith("/embeddings") else "chat"

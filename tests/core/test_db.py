@@ -1,6 +1,6 @@
 """apps.core.db.fetch_instances: hand-written SELECTs on hot paths must build what the ORM builds."""
 
-from django.db import models
+from django.db import connection, models
 
 from apps.agents.models import Message
 from apps.core.db import fetch_instances
@@ -41,3 +41,21 @@ def test_rows_convert_as_the_orm_converts_them(org):
     orm_message = Message.objects.for_org(org.id).defer("embedding").get(id=message.id)
     assert field_values(read_message) == field_values(orm_message)
     assert not read_message._state.adding  # a stored row: save() updates it
+
+
+def test_in_context_lists_and_traces_are_stored_without_a_compression_attempt(db):
+    """Random ids and zlib bytes do not compress: pglz's attempt made every in-context append cost
+    ~3x more (agents migration 0006)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attrelid::regclass::text, attname, attstorage FROM pg_attribute "
+            "WHERE (attrelid, attname) IN (('agents_agent'::regclass, 'message_ids'), "
+            "('agents_conversation'::regclass, 'message_ids'), ('agents_step'::regclass, 'trace'))"
+        )
+        storage = {(table, column): mode for table, column, mode in cursor.fetchall()}
+
+    assert storage == {
+        ("agents_agent", "message_ids"): "e",
+        ("agents_conversation", "message_ids"): "e",
+        ("agents_step", "trace"): "e",
+    }
