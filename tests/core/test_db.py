@@ -43,19 +43,24 @@ def test_rows_convert_as_the_orm_converts_them(org):
     assert not read_message._state.adding  # a stored row: save() updates it
 
 
-def test_in_context_lists_and_traces_are_stored_without_a_compression_attempt(db):
-    """Random ids and zlib bytes do not compress: pglz's attempt made every in-context append cost
-    ~3x more (agents migration 0006)."""
+INCOMPRESSIBLE = [
+    ("agents_agent", "message_ids"),
+    ("agents_conversation", "message_ids"),
+    ("agents_step", "trace"),
+    ("agents_message", "embedding"),
+    ("memory_passage", "embedding"),
+]
+
+
+def test_ids_traces_and_embeddings_are_stored_without_a_compression_attempt(db):
+    """Random ids, zlib bytes and floats do not compress: pglz's attempt made every in-context append
+    cost ~3x more (agents 0006, 0007, memory 0003)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT attrelid::regclass::text, attname, attstorage FROM pg_attribute "
-            "WHERE (attrelid, attname) IN (('agents_agent'::regclass, 'message_ids'), "
-            "('agents_conversation'::regclass, 'message_ids'), ('agents_step'::regclass, 'trace'))"
+            "WHERE (attrelid::regclass::text, attname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            [[table for table, _ in INCOMPRESSIBLE], [column for _, column in INCOMPRESSIBLE]],
         )
         storage = {(table, column): mode for table, column, mode in cursor.fetchall()}
 
-    assert storage == {
-        ("agents_agent", "message_ids"): "e",
-        ("agents_conversation", "message_ids"): "e",
-        ("agents_step", "trace"): "e",
-    }
+    assert storage == dict.fromkeys(INCOMPRESSIBLE, "e")  # EXTERNAL
