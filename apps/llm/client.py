@@ -47,6 +47,9 @@ class ChatRequest:
     temperature: float | None = None
     max_tokens: int | None = None
     parallel_tool_calls: bool | None = None
+    # The JSON text of each of `messages` (encode_message), when the caller keeps it: a step resends
+    # hundreds of unchanged messages, and the OpenAI-wire body then encodes only what is new.
+    messages_json: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,11 @@ class EncodedTrace(dict[str, Any]):
     json_text: str
 
 
+def encode_message(message: dict[str, Any]) -> str:
+    """A chat message's JSON text as the OpenAI-wire body holds it (ChatRequest.messages_json)."""
+    return openai_wire.encode_message(message)
+
+
 def _wire_request(
     target: ModelTarget, request: ChatRequest, policy: RetryPolicy, *, stream: bool
 ) -> tuple[str, EncodedTrace]:
@@ -198,7 +206,7 @@ def _wire_request(
         parallel_tool_calls=request.parallel_tool_calls,
         stream=stream,
     )
-    encoded = openai_wire.encode(body)
+    encoded = openai_wire.encode(body, messages_json=request.messages_json)
     extra = {"api_base": target.api_base, "timeout": policy.timeout}
     trace = EncodedTrace({**body, **extra})
     trace.json_text = encoded[:-1] + "," + json.dumps(extra, ensure_ascii=False, separators=(",", ":"))[1:]

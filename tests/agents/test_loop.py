@@ -77,6 +77,31 @@ def test_the_system_message_carries_the_memory_blocks(make_agent, send, llm):
     assert "chars_limit=2000" in system["content"]
 
 
+def test_each_request_resends_the_stored_conversation_after_one_fresh_system_message(make_agent, send, llm):
+    """The messages' JSON is kept per stored message across steps and runs (ChatRequest.messages_json);
+    what the provider receives must still be the fresh system message, then the conversation as stored."""
+    agent = make_agent()
+    llm.push(text("Hello Sam!"), tool_calls(tool_call("memory_replace", {
+        "label": "human", "old_string": "unknown", "new_string": "Sam"})), text("Noted."))  # fmt: skip
+
+    send(agent, "Hi, I am Sam")
+    send(agent, "Remember my name")
+
+    first, second, third = llm.chat_requests()
+    for body in (first, second, third):
+        assert [m["role"] for m in body["messages"]].count("system") == 1
+        assert body["messages"][0]["role"] == "system"
+    assert second["messages"][1:] == [
+        {"role": "user", "content": "Hi, I am Sam"},
+        {"role": "assistant", "content": "Hello Sam!"},
+        {"role": "user", "content": "Remember my name"},
+    ]
+    assert third["messages"][1:4] == second["messages"][1:]
+    assert [m["role"] for m in third["messages"][4:]] == ["assistant", "tool"]
+    assert "Name: Sam" in third["messages"][0]["content"]  # the edit, in the fresh system message
+    assert "Name: Sam" not in second["messages"][0]["content"]
+
+
 def test_a_custom_tool_runs_in_the_local_sandbox_and_the_loop_continues(make_agent, send, llm, org):
     tool = custom_tool(org)
     agent = make_agent(tool_ids=[tool.id])

@@ -689,3 +689,33 @@ def test_response_is_a_chat_response(target: ModelTarget, llm: ScriptedLLM) -> N
 
     assert isinstance(response, ChatResponse)
     assert response.content == "OK"
+
+
+# -- bodies with the messages' JSON given (ChatRequest.messages_json) -------------------------------------
+
+
+def test_a_body_built_from_encoded_messages_is_the_body_encoded_whole():
+    from apps.llm import openai_wire
+
+    messages = [
+        {"role": "system", "content": "You are Letta. ¿Qué tal? 🙂"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\u00e9"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]  # fmt: skip
+    body = {"model": "gpt-4o-mini", "messages": messages, "tool_choice": "auto", "temperature": 0.2}
+
+    spliced = openai_wire.encode(body, messages_json=[openai_wire.encode_message(m) for m in messages])
+
+    assert json.loads(spliced) == json.loads(openai_wire.encode(body))
+    only_messages = {"messages": messages[:1]}
+    assert json.loads(
+        openai_wire.encode(only_messages, messages_json=[openai_wire.encode_message(messages[0])])
+    ) == (only_messages)
+    # As request_body does for whole bodies, an encoded message leaves out keys whose value is None.
+    assert json.loads(openai_wire.encode_message({"role": "assistant", "content": None, "name": "x"})) == {
+        "role": "assistant",
+        "name": "x",
+    }
+    with pytest.raises(ValueError, match="2 encoded messages for 3 messages"):
+        openai_wire.encode(body, messages_json=["{}", "{}"])

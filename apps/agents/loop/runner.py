@@ -429,7 +429,8 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
         available = list(_available_tool_names(state))
         allowed = state.solver.allowed_tools(available)
         schemas = _tool_schemas(state, allowed)
-        messages = build_llm_messages(system_message, _llm_form(state.in_context))
+        stored = _llm_form(state.in_context)
+        messages = build_llm_messages(system_message, stored)
         budget = budgeting.ContextBudget(state.context_window)
         model = state.target.litellm_model
         system_tokens = count_tokens(model, messages[:1])
@@ -469,6 +470,7 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
             temperature=state.agent.temperature,
             max_tokens=state.agent.max_tokens,
             parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
+            messages_json=_messages_json(state, messages, dropped=len(stored) + 1 - len(messages)),
         )
     raise StopRun(StopReason.ERROR, "The context could not be brought under the context window.")
 
@@ -635,6 +637,20 @@ def _llm_form(messages: list[Message]) -> list[dict[str, Any]]:
             remembered = message.__dict__["_llm_form"] = (message.updated_at, to_llm_messages([message]))
         out.extend(remembered[1])
     return out
+
+
+def _messages_json(state: LoopState, messages: list[dict[str, Any]], *, dropped: int) -> list[str]:
+    """The JSON text of a request's `messages` (ChatRequest.messages_json): the fresh system message's,
+    then each in-context message's, encoded once per message object like _llm_form. `dropped`: leading
+    stored forms build_llm_messages left out (a stored system message)."""
+    texts: list[str] = []
+    for message in state.in_context:
+        remembered = message.__dict__.get("_llm_json")
+        if remembered is None or remembered[0] != message.updated_at:
+            encoded = [llm.encode_message(form) for form in _llm_form([message])]
+            remembered = message.__dict__["_llm_json"] = (message.updated_at, encoded)
+        texts.extend(remembered[1])
+    return [llm.encode_message(messages[0]), *texts[dropped:]]
 
 
 def _budget_role(message: Message) -> str:
