@@ -191,6 +191,11 @@ def encode_message(message: dict[str, Any]) -> str:
     return openai_wire.encode_message(message)
 
 
+def takes_messages_json(target: ModelTarget) -> bool:
+    """Whether calls to `target` use ChatRequest.messages_json (litellm's path encodes the dicts itself)."""
+    return openai_wire.handles(target)
+
+
 def _wire_request(
     target: ModelTarget, request: ChatRequest, policy: RetryPolicy, *, stream: bool
 ) -> tuple[str, EncodedTrace]:

@@ -470,7 +470,9 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
             temperature=state.agent.temperature,
             max_tokens=state.agent.max_tokens,
             parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
-            messages_json=_messages_json(state, messages, dropped=len(stored) + 1 - len(messages)),
+            messages_json=_messages_json(state, messages, dropped=len(stored) + 1 - len(messages))
+            if llm.takes_messages_json(state.target)
+            else None,
         )
     raise StopRun(StopReason.ERROR, "The context could not be brought under the context window.")
 
