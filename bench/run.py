@@ -10,7 +10,7 @@ the end, also on errors and on SIGTERM), and measures:
   memory       resident memory of the web process and the workers after >= 1,000 turns
   in-process   SQL statements per turn and step, context compilation (10 blocks, 200 messages)
   archival     insert throughput, search at 10k and 100k passages, recall search at 100k messages
-  sandbox      a custom tool call in Docker (cold, warm) and in the local sandbox
+  sandbox      a custom tool call in Docker (cold, warm) and in the local bubblewrap jail
 
 Each figure is the median of repeated runs, with the spread (max - min) of those runs.
 Options: --quick (small counts, for a smoke test), --only turns,throughput,... , --profile (write a
@@ -452,6 +452,8 @@ def rows(results: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
         for name in ("sandbox_docker_cold", "sandbox_docker_warm", "sandbox_local")
         if name in s
     )
+    if "sandbox_local_first" in s:
+        out.append(("sandbox local: first call of a process", s["sandbox_local_first"], "", "ms", ""))
     if "docker" in s:
         out.append(("sandbox docker", s["docker"], "", "", ""))
     return out

@@ -208,21 +208,37 @@ if not DEBUG:
     X_FRAME_OPTIONS = "DENY"
 
 # Sandbox ------------------------------------------------------------------------------------------
-# Where custom tools run (apps.sandbox.selection): "auto" = Docker when an engine answers and the base
-# image is there, else the local subprocess sandbox if the organisation allows it; "docker" = never
-# local; "local" = never Docker.
+# Where custom tools run (apps.sandbox.selection): "auto" = Docker when an engine answers, else the
+# local bubblewrap jail if the organisation allows it; "docker" = never local; "local" = never Docker.
 SANDBOX_BACKEND = env.str("SANDBOX_BACKEND", default="auto")
-# The image tools run on (a sandbox config's `image` overrides it). Tests and registry-less machines
-# use the image scripts/build_sandbox_image.sh makes, letta-sandbox-base:py3.
-SANDBOX_BASE_IMAGE = env.str("SANDBOX_BASE_IMAGE", default="python:3.12-slim")
+# The image tools run on (a sandbox config's `image` overrides it): by default the one
+# scripts/build_sandbox_image.sh builds from Debian's packages (no registry needed), which `make run`
+# makes sure exists before it serves.
+SANDBOX_BASE_IMAGE = env.str("SANDBOX_BASE_IMAGE", default="letta-sandbox-base:py3")
+# The interpreter of the local jail (standard library only; bound read-only into the jail).
+SANDBOX_LOCAL_PYTHON = env.str("SANDBOX_LOCAL_PYTHON", default="/usr/bin/python3")
+# Hidden from every jail even where they sit under a folder it sees (with the checkout, BASE_DIR).
+DATA_DIR = env.path("DATA_DIR", default=BASE_DIR / "var")
 SANDBOX_PULL_IMAGES = env.bool("SANDBOX_PULL_IMAGES", default=True)
 # Started, idle containers kept per container spec (each serves one call, then is removed), how long
 # an idle one is kept, and the most kept in all by one process.
 SANDBOX_POOL_SIZE = env.int("SANDBOX_POOL_SIZE", default=2)
 SANDBOX_POOL_IDLE_SECONDS = env.float("SANDBOX_POOL_IDLE_SECONDS", default=600.0)
 SANDBOX_POOL_MAX_IDLE = env.int("SANDBOX_POOL_MAX_IDLE", default=16)
-# The Docker network of configs with network_enabled (others get network_mode "none").
-SANDBOX_NETWORK = env.str("SANDBOX_NETWORK", default="bridge")
+# The Docker network of configs with network_enabled (others get network_mode "none"): by default one
+# this server creates and filters (apps/sandbox/egress.py), so tools reach public addresses only.
+SANDBOX_NETWORK = env.str("SANDBOX_NETWORK", default="letta-sandbox-egress")
+# "iptables": before a network-enabled tool runs, the host's iptables must drop everything from that
+# network's bridge to non-public addresses and to the host itself; the server installs the rules
+# (root or CAP_NET_ADMIN in the Docker host's network namespace) and, when it cannot, does not run the
+# tool. "external": SANDBOX_NETWORK is filtered by the operator; nothing is checked.
+SANDBOX_EGRESS_FILTER = env.str("SANDBOX_EGRESS_FILTER", default="iptables")
+# Private IPv4 CIDRs network-enabled tools may reach all the same (an internal API, a proxy), comma-separated.
+SANDBOX_EGRESS_ALLOW_CIDRS = env.list("SANDBOX_EGRESS_ALLOW_CIDRS", default=[])
+# The iptables program (same backend, nft or legacy, as the Docker engine's) and how long a verified
+# filter is trusted before the next network-enabled call checks it again.
+SANDBOX_EGRESS_IPTABLES = env.str("SANDBOX_EGRESS_IPTABLES", default="iptables")
+SANDBOX_EGRESS_CHECK_TTL = env.float("SANDBOX_EGRESS_CHECK_TTL", default=30.0)
 SANDBOX_TMPFS_MB = env.int("SANDBOX_TMPFS_MB", default=64)
 SANDBOX_MAX_OUTPUT_BYTES = env.int("SANDBOX_MAX_OUTPUT_BYTES", default=8 * 1024 * 1024)
 SANDBOX_DOCKER_PING_TTL = env.float("SANDBOX_DOCKER_PING_TTL", default=30.0)
@@ -230,8 +246,37 @@ SANDBOX_DOCKER_PING_TTL = env.float("SANDBOX_DOCKER_PING_TTL", default=30.0)
 # offered to pip (--find-links); with SANDBOX_PIP_NO_INDEX the build uses only it, without network.
 SANDBOX_WHEELHOUSE = env.str("SANDBOX_WHEELHOUSE", default="")
 SANDBOX_PIP_NO_INDEX = env.bool("SANDBOX_PIP_NO_INDEX", default=False)
+# The sandbox runner (apps/sandbox/runner_service.py, `manage.py sandbox_runner`): in production the one
+# process that holds the Docker socket. With SANDBOX_RUNNER_URL set, this process never talks to an
+# engine: the Docker backend asks the runner (health, cached SANDBOX_DOCKER_PING_TTL; one POST per
+# call, waiting the tool's timeout plus SANDBOX_RUNNER_TIMEOUT_MARGIN). The token (a secret, at least 16
+# characters) authenticates both sides; the runner refuses to start without one.
+SANDBOX_RUNNER_URL = env.str("SANDBOX_RUNNER_URL", default="")
+SANDBOX_RUNNER_TOKEN = env.str("SANDBOX_RUNNER_TOKEN", default="")
+SANDBOX_RUNNER_TIMEOUT_MARGIN = env.float("SANDBOX_RUNNER_TIMEOUT_MARGIN", default=60.0)
+# The runner's side: where it listens, the largest request body it reads, the maxima it clamps every
+# call's limits to, and the images a call may name besides SANDBOX_BASE_IMAGE (comma-separated).
+# SANDBOX_RUNNER_URL and SANDBOX_RUNNER_BIND may name a Unix socket instead of TCP (unix:///path/runner.sock,
+# or unix:/path/runner.sock): the runner creates it with mode 0660 and, with SANDBOX_RUNNER_SOCKET_GID, that
+# group (the clients' group; unset: the runner's own), and removes it at exit (a stale one at start).
+SANDBOX_RUNNER_BIND = env.str("SANDBOX_RUNNER_BIND", default="0.0.0.0:8290")
+SANDBOX_RUNNER_SOCKET_GID = env.int("SANDBOX_RUNNER_SOCKET_GID", default=None)
+SANDBOX_RUNNER_MAX_BODY_BYTES = env.int("SANDBOX_RUNNER_MAX_BODY_BYTES", default=8 * 1024 * 1024)
+SANDBOX_RUNNER_MAX_MEMORY_MB = env.int("SANDBOX_RUNNER_MAX_MEMORY_MB", default=1024)
+SANDBOX_RUNNER_MAX_CPUS = env.float("SANDBOX_RUNNER_MAX_CPUS", default=2.0)
+SANDBOX_RUNNER_MAX_PIDS = env.int("SANDBOX_RUNNER_MAX_PIDS", default=256)
+SANDBOX_RUNNER_MAX_TIMEOUT = env.float("SANDBOX_RUNNER_MAX_TIMEOUT", default=300.0)
+SANDBOX_RUNNER_ALLOWED_IMAGES = env.list("SANDBOX_RUNNER_ALLOWED_IMAGES", default=[])
 # End of Sandbox -----------------------------------------------------------------------------------
 
 # MCP ----------------------------------------------------------------------------------------------------
 MCP_LIST_TOOLS_TIMEOUT = env.float("MCP_LIST_TOOLS_TIMEOUT", default=30.0)
 MCP_CALL_TOOL_TIMEOUT = env.float("MCP_CALL_TOOL_TIMEOUT", default=60.0)
+# The only commands a stdio MCP server may have (exact match, e.g. npx,uvx,/usr/bin/python3); empty: no
+# stdio servers at all. A tenant chooses among them, never a command of its own, and every one runs in
+# the local jail (apps/sandbox/jail.py: own uid, no network, read-only /usr). Remote servers: SSE or HTTP.
+MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[])
+# Host folders those commands need besides /usr (a node or venv install elsewhere), bound read-only
+# into the jail; their bin/ folders come first on the jail's PATH. They must be world-readable: as
+# root, a jail runs as an unprivileged host uid of its own.
+MCP_STDIO_READ_PATHS = env.list("MCP_STDIO_READ_PATHS", default=[])

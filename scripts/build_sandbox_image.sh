@@ -3,8 +3,9 @@
 #
 # Why: CI and development machines here run a Docker engine but can pull nothing, while Debian's
 # package mirror is reachable. So: debootstrap a minimal Debian (minbase) with python3 and pip into
-# a cache folder, pack it as a tarball, and `docker import` it. Production uses SANDBOX_BASE_IMAGE
-# (python:3.12-slim by default) from a registry instead.
+# a cache folder, pack it as a tarball, and `docker import` it. This is the platform's default
+# SANDBOX_BASE_IMAGE; `make run` and `make test` call this script when it is missing. A deployment with
+# a registry can set SANDBOX_BASE_IMAGE=python:3.12-slim instead.
 #
 # Idempotent and cached:
 #   - the image already exists            -> nothing to do (milliseconds);
@@ -67,8 +68,22 @@ fi
 ROOTFS="$(mktemp -d "$CACHE/rootfs.XXXXXX")"
 trap 'rm -rf "$ROOTFS" "$TARBALL.tmp"' EXIT
 log "debootstrap $SUITE (minbase + $PACKAGES) from $MIRROR"
-debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOTFS" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
-    { tail -n 30 "$CACHE/debootstrap.log" >&2; exit 1; }
+# Progress: debootstrap's phases, and a count every 25 packages instead of a line for each.
+if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$ROOTFS" "$MIRROR" 2>&1 |
+    tee "$CACHE/debootstrap.log" |
+    awk '/^I: / {
+        verb = $2
+        if (verb == "Validating") next
+        if (verb ~ /^(Retrieving|Extracting|Unpacking|Configuring)$/ && $3 !~ /^(required|the|base|Packages|InRelease|Release)/) {
+            if (++count[verb] % 25 == 0) { print "build_sandbox_image: " verb " packages: " count[verb]; fflush() }
+            next
+        }
+        print "build_sandbox_image: " substr($0, 4); fflush()
+    }' >&2
+then
+    tail -n 30 "$CACHE/debootstrap.log" >&2
+    exit 1
+fi
 
 # Trim what a tool never needs. Keep the stdlib's __pycache__: the root filesystem is read-only at run
 # time, so without them every tool call would compile json, traceback... again (+50 ms a call).

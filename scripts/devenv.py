@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,12 +85,52 @@ def embedded_services(directory: Path) -> Iterator[None]:
         yield
 
 
+DEFAULT_SANDBOX_IMAGE = "letta-sandbox-base:py3"
+
+
+def ensure_sandbox_image() -> None:
+    """Before serving (or testing): when a Docker engine answers, the sandbox base image must exist, since
+    custom tools then run in Docker and a missing image is an error, never a reason to run them elsewhere.
+    The default image is built locally from Debian's packages (minutes the first time, with progress;
+    seconds from the cached rootfs; nothing once present); another image is pulled when pulls are on."""
+    if os.environ.get("SANDBOX_BACKEND") == "local" or os.environ.get("SANDBOX_RUNNER_URL"):
+        return
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True, check=False).returncode != 0:
+        jail = (
+            "bubblewrap"
+            if shutil.which("bwrap")
+            else "bubblewrap, which is NOT installed (apt-get install bubblewrap)"
+        )
+        print(f"no Docker engine answers: custom tools run in the local jail ({jail})", flush=True)
+        return
+    image = os.environ.get("SANDBOX_BASE_IMAGE") or DEFAULT_SANDBOX_IMAGE
+    if subprocess.run([docker, "image", "inspect", image], capture_output=True, check=False).returncode == 0:
+        return
+    if image.split(":")[0] == DEFAULT_SANDBOX_IMAGE.split(":")[0]:  # ours: built here, no registry
+        print(f"building the sandbox image {image} (the first time takes a few minutes)...", flush=True)
+        built = subprocess.run(["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), image], check=False)
+    elif os.environ.get("SANDBOX_PULL_IMAGES", "true").lower() in ("1", "true", "yes", "on"):
+        print(f"pulling the sandbox image {image}...", flush=True)
+        built = subprocess.run([docker, "pull", image], check=False)
+    else:
+        built = subprocess.CompletedProcess([], 1)
+    if built.returncode != 0:
+        print(
+            f"WARNING: the sandbox image {image} is missing: custom tools will fail with an error until it "
+            f"exists (scripts/build_sandbox_image.sh builds {DEFAULT_SANDBOX_IMAGE})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def manage(*args: str) -> None:
     subprocess.run([PYTHON, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
 
 def run_platform() -> int:
     port = os.environ.get("PORT", "8283")
+    ensure_sandbox_image()
     manage("migrate", "--noinput")
     manage("collectstatic", "--noinput", "--verbosity", "0")
     manage("bootstrap_platform")
@@ -184,6 +225,7 @@ def run_bench(args: list[str]) -> int:
 
 
 def run_tests(pytest_args: list[str]) -> int:
+    ensure_sandbox_image()
     return subprocess.run([PYTHON, "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 
 

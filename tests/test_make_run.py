@@ -37,7 +37,7 @@ def data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def start_platform(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
+def start_platform(data_dir: Path, port: int, **extra_env: str) -> tuple[subprocess.Popen[str], Path]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -50,6 +50,7 @@ def start_platform(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], Pa
         "DJANGO_SUPERUSER_USERNAME": "root",
         "DJANGO_SUPERUSER_PASSWORD": "a-long-password-1",
         "WORKER_CONCURRENCY": "1",
+        **extra_env,
     }
     log = data_dir.parent / f"{data_dir.name}.log"
     process = subprocess.Popen(
@@ -83,6 +84,43 @@ def wait_for_log(log: Path, text: str, timeout: float = 60) -> None:
 def press_ctrl_c(process: subprocess.Popen[str]) -> int:
     os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group
     return process.wait(timeout=60)
+
+
+TOOL = '''
+def whoami() -> dict:
+    """Says who runs it."""
+    import os
+    return {"uid": os.getuid()}
+'''
+
+
+def docker_answers() -> bool:
+    docker = shutil.which("docker")
+    return bool(docker) and subprocess.run([docker, "info"], capture_output=True, check=False).returncode == 0
+
+
+def test_make_run_makes_the_sandbox_image_and_answers_the_first_tool_call_from_docker(data_dir):
+    if not docker_answers():
+        pytest.skip("no Docker engine answers")
+    image = f"letta-sandbox-base:make-run-{uuid.uuid4().hex[:8]}"  # absent: as on a fresh engine
+    port = free_port()
+    data_dir.mkdir(parents=True)
+    try:
+        process, log = start_platform(data_dir, port, SANDBOX_BASE_IMAGE=image, SANDBOX_PULL_IMAGES="false")
+        ran = httpx.post(
+            f"http://127.0.0.1:{port}/v1/tools/run",
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            json={"source_code": TOOL, "args": {}},
+            timeout=60,
+        )
+        press_ctrl_c(process)
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", image], capture_output=True, check=False)
+
+    assert f"building the sandbox image {image}" in log.read_text()
+    assert ran.status_code == 200
+    assert (ran.json()["status"], ran.json()["sandbox"]) == ("success", "docker")
+    assert ran.json()["tool_return"] == '{"uid": 65534}'
 
 
 def test_make_run_serves_stops_cleanly_and_keeps_data_between_runs(data_dir):

@@ -13,7 +13,7 @@ class Organization(TimestampedModel):
     name = models.CharField(max_length=200, unique=True)
     allow_local_sandbox = models.BooleanField(
         default=True,
-        help_text="May custom tools run in the weaker local subprocess sandbox when Docker is absent?",
+        help_text="May custom tools run in the local bubblewrap jail when no Docker engine answers?",
     )
 
     class Meta:

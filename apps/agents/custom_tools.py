@@ -1,6 +1,6 @@
 """Running a user's (custom) tool for an agent: pass the sandbox only what the tool may see.
 
-Which sandbox (Docker, or the local subprocess) is apps.sandbox.selection's decision.
+Which sandbox (Docker, or the local bubblewrap jail) is apps.sandbox.selection's decision.
 """
 
 from __future__ import annotations

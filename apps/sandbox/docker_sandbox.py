@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
-import secrets
 import socket
 import struct
 import threading
@@ -27,14 +25,21 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Ulimit
 
-from apps.sandbox.local import SandboxOutcome
+from apps.sandbox.outcome import (
+    RUNNER_SOURCE,
+    WRAPPER,
+    SandboxOutcome,
+    new_boundary,
+    split_result,
+    text,
+    tool_payload,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,33 +47,6 @@ LABEL = "letta.sandbox"  # every container we start carries it: the handle for c
 LABEL_HOST = "letta.sandbox.host"
 LABEL_PID = "letta.sandbox.pid"
 SANDBOX_USER = "65534:65534"  # nobody:nogroup, present in every Debian-based image
-RUNNER_SOURCE = Path(__file__).with_name("tool_runner.py").read_text()
-
-# Runs inside the container as `python3 -I -c WRAPPER RUNNER_SOURCE`. It runs the shared runner
-# (tool_runner.py, also used by the local sandbox) and then writes a per-call random boundary and the
-# runner's JSON result to the original stdout, after everything the tool printed. The server splits
-# stdout at the last boundary, so the tool's own output never needs a second channel. A tool that
-# forges a boundary can only forge its own result, which it controls anyway.
-WRAPPER = """\
-import os, sys
-boundary = os.environ.pop("LETTA_RESULT_BOUNDARY")
-path = "/tmp/.letta-result-" + boundary[-16:]
-os.environ["TOOL_RESULT_PATH"] = path
-out = os.dup(1)
-namespace = {"__name__": "letta_tool_runner"}
-exec(compile(sys.argv[1], "tool_runner.py", "exec"), namespace)
-namespace["main"]()
-for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-    try:
-        stream.flush()
-    except Exception:
-        pass
-with open(path, "rb") as handle:
-    data = handle.read()
-os.unlink(path)
-with os.fdopen(out, "wb") as handle:
-    handle.write(boundary.encode() + data)
-"""
 
 
 class DockerUnavailable(Exception):
@@ -423,9 +401,9 @@ def run_tool_in_docker(
     pool = pool or get_pool()
     started = time.perf_counter()
     container_id, warm = pool.acquire(spec)
-    boundary = "--letta-result-" + secrets.token_hex(16) + "--"
-    payload = json.dumps({"source": source_code, "name": name, "arguments": arguments}).encode()
-    exec_env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", **env, "LETTA_RESULT_BOUNDARY": boundary}
+    boundary = new_boundary()
+    payload = tool_payload(boundary, source_code, name, arguments)
+    exec_env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", **env}
     api = get_client().api
     exec_started = time.perf_counter()
     kill_now = False
@@ -447,8 +425,8 @@ def run_tool_in_docker(
             return DockerOutcome(
                 ok,
                 value,
-                _text(stdout),
-                _text(stream.stderr),
+                text(stdout),
+                text(stream.stderr),
                 error,
                 warm,
                 exec_ms,
@@ -472,17 +450,13 @@ def run_tool_in_docker(
                 stream.stdout,
                 f"Tool '{name}' wrote more than {max_output_bytes} bytes of output and was stopped.",
             )
-        cut = stream.stdout.rfind(boundary.encode())
-        if cut < 0:
+        printed, result, written = split_result(stream.stdout, boundary)
+        if result is None:
+            if written:
+                return outcome(False, None, printed, f"Tool '{name}' returned an unreadable result.")
             exit_code = api.exec_inspect(exec_id).get("ExitCode")
-            return outcome(
-                False, None, stream.stdout, _early_exit_reason(api, container_id, name, exit_code, spec)
-            )
-        try:
-            result = json.loads(stream.stdout[cut + len(boundary) :])
-        except ValueError:
-            return outcome(False, None, stream.stdout[:cut], f"Tool '{name}' returned an unreadable result.")
-        return outcome(bool(result.get("ok")), result.get("value"), stream.stdout[:cut], result.get("error"))
+            return outcome(False, None, printed, _early_exit_reason(api, container_id, name, exit_code, spec))
+        return outcome(bool(result.get("ok")), result.get("value"), printed, result.get("error"))  # type: ignore[arg-type]
     finally:
         pool.release(spec, container_id, kill_now=kill_now)
 
@@ -585,10 +559,6 @@ def _early_exit_reason(
             f"sandbox's memory limit of {spec.memory_mb} MB."
         )
     return f"Tool '{name}' exited with code {exit_code} before returning."
-
-
-def _text(value: bytes) -> str:
-    return value.decode("utf-8", errors="replace")
 
 
 def _ms(started: float) -> float:

@@ -27,6 +27,10 @@ from apps.sandbox.docker_sandbox import LABEL, get_client
 logger = logging.getLogger(__name__)
 
 DERIVED_REPOSITORY = "letta-sandbox-deps"
+BUILD_HINT = (
+    "An operator can build the default one without a registry with scripts/build_sandbox_image.sh "
+    "(`make run` does it before serving)."
+)
 UNAVAILABLE_RETRY_SECONDS = 60.0  # a missing base image or a failed build is not retried on every call
 
 
@@ -138,12 +142,12 @@ def ensure_image(name: str, *, pull: bool) -> str:
         image_id = str(client.images.get(name).id)
     except ImageNotFound:
         if not pull:
-            _fail(name, f"Sandbox image {name!r} is not present and pulling is disabled.")
+            _fail(name, f"Sandbox image {name!r} is not present and pulling is disabled. {BUILD_HINT}")
         try:
             logger.info("sandbox.image_pull", extra={"image": name})
             image_id = str(client.images.pull(name).id)
         except (APIError, ImageNotFound) as exc:
-            _fail(name, f"Sandbox image {name!r} is not present and could not be pulled: {exc}")
+            _fail(name, f"Sandbox image {name!r} is not present and could not be pulled: {exc}. {BUILD_HINT}")
     with _lock:
         _known[name] = image_id
         _failed.pop(name, None)

@@ -1,29 +1,35 @@
-"""The local sandbox: a tool's source runs in a separate Python process with a timeout and resource
-limits, a scrubbed environment and an empty working directory. Weaker than a container (same kernel,
-same filesystem view, network not cut off); used where no Docker engine answers, and labelled "local".
+"""The local sandbox: a tool's source runs on this host inside a bubblewrap jail (apps/sandbox/jail.py).
+
+The jail has no network, its own PID namespace and /proc, an unprivileged uid, a read-only view of
+/usr only, a private /tmp of fixed size and process, memory, CPU and file-size limits. A wall-clock
+timeout or output past `max_output_bytes` kills the whole process tree. The tool runs on the system
+interpreter (`SANDBOX_LOCAL_PYTHON`, standard library only: pip requirements need the Docker sandbox).
+Without bubblewrap nothing runs: the outcome says how to install it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import resource
+import selectors
 import subprocess
-import sys
-import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RUNNER = Path(__file__).with_name("tool_runner.py")
+from apps.sandbox import jail
+from apps.sandbox.outcome import (
+    RUNNER_SOURCE,
+    WRAPPER,
+    SandboxOutcome,
+    new_boundary,
+    split_result,
+    text,
+    tool_payload,
+)
 
-
-@dataclass(frozen=True)
-class SandboxOutcome:
-    ok: bool
-    return_value: object
-    stdout: str
-    stderr: str
-    error: str | None = None  # exception text with traceback, or why the sandbox stopped it
+DEFAULT_PYTHON = "/usr/bin/python3"
 
 
 @dataclass(frozen=True)
@@ -31,14 +37,13 @@ class Limits:
     timeout_seconds: float = 30.0
     memory_mb: int = 512
     max_processes: int = 64
+    tmpfs_mb: int = 64
+    max_output_bytes: int = 8 * 1024 * 1024
 
 
-def _limit(limits: Limits) -> None:  # runs in the child before exec
-    memory = limits.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    cpu = int(limits.timeout_seconds) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    os.setsid()
+@dataclass(frozen=True)
+class LocalOutcome(SandboxOutcome):
+    total_ms: float = 0.0
 
 
 def run_tool_locally(
@@ -48,55 +53,192 @@ def run_tool_locally(
     arguments: dict[str, object],
     env: dict[str, str],
     limits: Limits | None = None,
-) -> SandboxOutcome:
-    """Call `name(**arguments)` from `source_code` in a child process; never raises for tool failures."""
+    python: str = DEFAULT_PYTHON,
+    hidden: tuple[str, ...] = (),
+) -> LocalOutcome:
+    """Call `name(**arguments)` from `source_code` in a fresh jail; never raises for tool failures.
+
+    `env` is the tool's whole environment (plus PATH, HOME and LANG), set inside the jail. `hidden`: host folders
+    that must not show inside even if they sit under /usr (DATA_DIR, the checkout).
+    """
     limits = limits or Limits()
-    payload = json.dumps({"source": source_code, "name": name, "arguments": arguments})
-    with tempfile.TemporaryDirectory(prefix="tool-") as workdir:
-        result_path = Path(workdir) / ".result.json"
-        child_env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": workdir,
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **env,
-            "TOOL_RESULT_PATH": str(result_path),
-        }
-        try:
-            completed = subprocess.run(
-                [sys.executable, "-I", str(RUNNER)],
-                input=payload,
-                capture_output=True,
-                text=True,
-                cwd=workdir,
-                env=child_env,
-                timeout=limits.timeout_seconds,
-                preexec_fn=lambda: _limit(limits),
-                check=False,
+    started = time.perf_counter()
+
+    def failed(why: str, stdout: bytes = b"", stderr: bytes = b"") -> LocalOutcome:
+        return LocalOutcome(False, None, text(stdout), text(stderr), why, _ms(started))
+
+    reason = jail.unavailable_reason()
+    if reason is None and not Path(python).is_file():
+        reason = (
+            f"its interpreter {python} does not exist (SANDBOX_LOCAL_PYTHON; Debian: apt-get install python3)"
+        )
+    if reason:
+        return failed(f"Tool '{name}' cannot run in the local sandbox: {reason}.")
+    boundary = new_boundary()
+    jail_limits = jail.JailLimits(
+        memory_mb=limits.memory_mb,
+        cpu_seconds=int(limits.timeout_seconds) + 1,
+        max_processes=limits.max_processes,
+        file_size_mb=limits.tmpfs_mb,
+        tmpfs_mb=limits.tmpfs_mb,
+    )
+    info_read, info_write = os.pipe()
+    argv = jail.jail_command(
+        [python, "-I", "-c", WRAPPER, RUNNER_SOURCE],
+        limits=jail_limits,
+        read_only=_interpreter_paths(python),
+        hidden=(*hidden, str(Path.home())),
+        info_fd=info_write,
+    )
+    # The tool's variables travel in the payload, set by the runner inside the jail: setpriv and bwrap
+    # run on the host (as root, when we are) and must never see a tenant's LD_PRELOAD or LD_DEBUG_OUTPUT.
+    jail_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    jail_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=jail_env,
+        cwd="/",
+        start_new_session=True,
+        pass_fds=(info_write,),
+    )
+    os.close(info_write)
+    stream = _pump(
+        process,
+        info_read,
+        tool_payload(boundary, source_code, name, arguments, env),
+        time.monotonic() + limits.timeout_seconds,
+        limits.max_output_bytes,
+    )
+    if stream.timed_out:
+        return failed(
+            f"Tool '{name}' timed out after {limits.timeout_seconds:g} s and was stopped.",
+            stream.stdout,
+            stream.stderr,
+        )
+    if stream.overflow:
+        return failed(
+            f"Tool '{name}' wrote more than {limits.max_output_bytes} bytes of output and was stopped.",
+            stream.stdout,
+            stream.stderr,
+        )
+    printed, result, written = split_result(stream.stdout, boundary)
+    if result is None:
+        jail_error = text(stream.stderr).strip() if stream.stderr.startswith(b"bwrap: ") else ""
+        if written:
+            why = f"Tool '{name}' returned an unreadable result."
+        elif jail_error:  # e.g. user namespaces disabled by the kernel or a security module
+            why = (
+                f"Tool '{name}' cannot run in the local sandbox: the jail could not be set up ({jail_error})."
             )
-        except subprocess.TimeoutExpired as exc:
-            return SandboxOutcome(
-                False,
-                None,
-                _text(exc.stdout),
-                _text(exc.stderr),
-                f"Tool '{name}' timed out after {limits.timeout_seconds:g} s and was stopped.",
+        else:
+            why = (
+                f"Tool '{name}' exited with code {process.returncode} before returning "
+                "(killed by a resource limit?)."
             )
-        if not result_path.exists():
-            return SandboxOutcome(
-                False,
-                None,
-                completed.stdout,
-                completed.stderr,
-                f"Tool '{name}' exited with code {completed.returncode} before returning "
-                "(killed by a resource limit?).",
-            )
-        result = json.loads(result_path.read_text())
-    return SandboxOutcome(
-        result["ok"], result.get("value"), completed.stdout, completed.stderr, result.get("error")
+        return failed(why, printed, stream.stderr)
+    return LocalOutcome(
+        bool(result.get("ok")),
+        result.get("value"),
+        text(printed),
+        text(stream.stderr),
+        result.get("error"),  # type: ignore[arg-type]
+        _ms(started),
     )
 
 
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def _interpreter_paths(python: str) -> tuple[str, ...]:
+    """What the interpreter needs besides /usr: its own prefix when it lives elsewhere (/opt/python)."""
+    real = Path(python).resolve()
+    prefix = real.parent.parent
+    return () if str(real).startswith("/usr/") else (str(prefix),)
+
+
+@dataclass
+class _Stream:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    overflow: bool = False
+
+
+def _pump(
+    process: subprocess.Popen[bytes], info_fd: int, payload: bytes, deadline: float, max_bytes: int
+) -> _Stream:
+    """Feed stdin and read stdout/stderr until both close, the deadline passes or the output exceeds
+    `max_bytes`; then kill the jail if need be and reap bwrap. `info_fd` gives the jail's first pid."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    result = _Stream()
+    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: [], info_fd: []}
+    reading = {out_fd, err_fd}
+    total = 0
+    pending = memoryview(payload)
+    selector = selectors.DefaultSelector()
+    os.set_blocking(process.stdin.fileno(), False)
+    selector.register(process.stdin, selectors.EVENT_WRITE)
+    selector.register(out_fd, selectors.EVENT_READ)
+    selector.register(err_fd, selectors.EVENT_READ)
+    selector.register(info_fd, selectors.EVENT_READ)
+    try:
+        while reading and not result.overflow:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                result.timed_out = True
+                break
+            for key, _events in selector.select(remaining):
+                if key.fileobj is process.stdin:
+                    try:
+                        pending = pending[os.write(key.fd, pending[:65536]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it stopped reading: its output says why
+                        pending = pending[len(pending) :]
+                    if not pending:
+                        selector.unregister(process.stdin)
+                        process.stdin.close()
+                    continue
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fd)
+                    reading.discard(key.fd)
+                    continue
+                chunks[key.fd].append(data)
+                if key.fd == info_fd:
+                    continue
+                total += len(data)
+                if total > max_bytes:
+                    result.overflow = True
+                    break
+    finally:
+        selector.close()
+        if reading:  # stopped early (timeout, overflow): nothing of the jail may outlive the call
+            jail.kill_jail(_child_pid(b"".join(chunks[info_fd])), process.pid)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        os.close(info_fd)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            jail.kill_jail(None, process.pid)
+            process.wait()
+    result.stdout, result.stderr = b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+    return result
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def _child_pid(info: bytes) -> int | None:
+    """bwrap's --info-fd JSON: {"child-pid": N, ...}; None when it has not been written (yet)."""
+    try:
+        pid = json.loads(info or b"{}").get("child-pid")
+    except ValueError:
+        return None
+    return pid if isinstance(pid, int) and pid > 1 else None

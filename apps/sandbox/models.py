@@ -12,7 +12,7 @@ class SandboxConfig(OrgOwnedModel):
 
     class Type(models.TextChoices):
         DOCKER = "docker", "Docker container"
-        LOCAL = "local", "Local subprocess (weaker isolation)"
+        LOCAL = "local", "Local jail (bubblewrap: no network, own uid and processes)"
 
     id = models.CharField(
         primary_key=True, max_length=ID_MAX_LENGTH, default=new_sandbox_config_id, editable=False

@@ -1,16 +1,16 @@
 """Which sandbox runs an organisation's tool code, and running it there.
 
-Rule (SANDBOX_BACKEND="auto", the default): Docker whenever an engine answers (cached ping) and the
-base image is present or pullable, unless the organisation's only sandbox config is a local one; else
-the local subprocess sandbox if the organisation allows it (Organization.allow_local_sandbox); else a
-clear error. "docker" and "local" force one backend (a deployment that must never run tools in-host
-sets "docker"). Whatever runs the tool, the result says which sandbox it was.
+Rule (SANDBOX_BACKEND="auto", the default): Docker whenever an engine answers (cached ping), unless the
+organisation's only sandbox config is a local one; else the local jail (bubblewrap) if the organisation
+allows it (Organization.allow_local_sandbox); else a clear error. "docker" and "local" force one
+backend. A missing sandbox image is an error, never a reason to run the tool elsewhere, and so is a
+missing jail tool: nothing runs unisolated. Whatever runs the tool, the result says which sandbox it was.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from django.conf import settings
@@ -18,7 +18,7 @@ from docker.errors import DockerException, ImageNotFound
 
 from apps.accounts.models import Organization
 from apps.core.actor import Actor
-from apps.sandbox import images
+from apps.sandbox import egress, images, remote
 from apps.sandbox.docker_sandbox import (
     ContainerSpec,
     DockerUnavailable,
@@ -48,23 +48,18 @@ class SandboxRun:
 
 
 def decide_backend(
-    *, mode: str, allow_local: bool, local_config_only: bool, docker_ready: bool
+    *, mode: str, allow_local: bool, local_config_only: bool, docker_answers: bool
 ) -> tuple[Backend | None, str]:
     """The selection rule as a pure function (unit-tested without an engine); (backend, why not)."""
     if mode == "docker":
-        return ("docker", "") if docker_ready else (None, "the Docker sandbox is required but unavailable")
-    if mode == "auto" and docker_ready and not local_config_only:
+        if not docker_answers:
+            return None, "the Docker sandbox is required but no Docker engine answers"
+        return "docker", ""
+    if mode == "auto" and docker_answers and not local_config_only:
         return "docker", ""
     if allow_local:
         return "local", ""
     return None, "this organization does not allow the local sandbox and no Docker sandbox is available"
-
-
-def docker_ready(image: str) -> bool:
-    """An engine answers and `image` is there (or pullable). Both answers are cached per process."""
-    if not docker_available(ttl_seconds=settings.SANDBOX_DOCKER_PING_TTL):
-        return False
-    return images.image_available(image, pull=settings.SANDBOX_PULL_IMAGES)
 
 
 def choose_sandbox(*, actor: Actor) -> SandboxChoice:
@@ -73,18 +68,26 @@ def choose_sandbox(*, actor: Actor) -> SandboxChoice:
     configs = {c.sandbox_type: c for c in SandboxConfig.objects.for_actor(actor)}
     docker_config = configs.get(SandboxConfig.Type.DOCKER)
     mode = settings.SANDBOX_BACKEND
-    ready = mode != "local" and docker_ready(base_image(docker_config))
+    answers = mode != "local" and _docker_answers()
     backend, reason = decide_backend(
         mode=mode,
         allow_local=organization.allow_local_sandbox,
         local_config_only=SandboxConfig.Type.LOCAL in configs and docker_config is None,
-        docker_ready=ready,
+        docker_answers=answers,
     )
     if backend == "docker":
         return SandboxChoice("docker", docker_config)
     if backend == "local":
         return SandboxChoice("local", configs.get(SandboxConfig.Type.LOCAL))
     return SandboxChoice(None, None, reason)
+
+
+def _docker_answers() -> bool:
+    """An engine answers: the sandbox runner's (cached health call) when SANDBOX_RUNNER_URL is set, so
+    this process never touches an engine; else this process's own (cached ping)."""
+    if settings.SANDBOX_RUNNER_URL:
+        return remote.runner_answers(ttl_seconds=settings.SANDBOX_DOCKER_PING_TTL)
+    return docker_available(ttl_seconds=settings.SANDBOX_DOCKER_PING_TTL)
 
 
 def base_image(config: SandboxConfig | None) -> str:
@@ -119,17 +122,47 @@ def run_in_sandbox(
         )
     env = _config_env(actor, choice.config) | extra_env
     if choice.backend == "local":
-        config = choice.config
-        limits = (
-            Limits(timeout_seconds=config.timeout_seconds, memory_mb=max(config.memory_mb, 256))
-            if config
-            else Limits()
-        )
-        return SandboxRun(
-            "local",
-            run_tool_locally(source_code=source_code, name=name, arguments=arguments, env=env, limits=limits),
-        )
+        return SandboxRun("local", _run_local(choice.config, source_code, name, arguments, env))
     return SandboxRun("docker", _run_docker(choice.config, source_code, name, arguments, env))
+
+
+def local_limits(config: SandboxConfig | None) -> Limits:
+    """The jail's limits from the local sandbox config (the model's defaults when there is none)."""
+    config = config or SandboxConfig(sandbox_type=SandboxConfig.Type.LOCAL)
+    return Limits(
+        timeout_seconds=float(config.timeout_seconds),
+        memory_mb=max(config.memory_mb, 256),  # the interpreter alone maps ~100 MB of address space
+        max_processes=config.pids_limit,
+        tmpfs_mb=settings.SANDBOX_TMPFS_MB,
+        max_output_bytes=settings.SANDBOX_MAX_OUTPUT_BYTES,
+    )
+
+
+def _run_local(
+    config: SandboxConfig | None,
+    source_code: str,
+    name: str,
+    arguments: dict[str, object],
+    env: dict[str, str],
+) -> SandboxOutcome:
+    if config is not None and config.pip_requirements:
+        return SandboxOutcome(
+            False,
+            None,
+            "",
+            "",
+            f"Tool '{name}' cannot run: the local sandbox runs the standard library only and this "
+            "organization's local sandbox config lists pip requirements; use a Docker sandbox config.",
+        )
+    return run_tool_locally(
+        source_code=source_code,
+        name=name,
+        arguments=arguments,
+        env=env,
+        limits=local_limits(config),
+        python=settings.SANDBOX_LOCAL_PYTHON,
+        hidden=(str(settings.BASE_DIR), str(settings.DATA_DIR)),
+    )
 
 
 def _run_docker(
@@ -139,17 +172,70 @@ def _run_docker(
     arguments: dict[str, object],
     env: dict[str, str],
 ) -> SandboxOutcome:
+    """The sandbox runner when SANDBOX_RUNNER_URL is set (the runner picks the network and applies its
+    own maxima), else this process's engine; both end in run_docker_tool."""
+    timeout = float(config.timeout_seconds) if config else 30.0
+    requirements = list(config.pip_requirements) if config else []
+    if settings.SANDBOX_RUNNER_URL:
+        defaults = config or SandboxConfig(sandbox_type=SandboxConfig.Type.DOCKER)
+        return remote.run_in_runner(
+            source_code=source_code,
+            name=name,
+            arguments=arguments,
+            env=env,
+            image=config.image if config else None,
+            requirements=requirements,
+            limits=remote.RunLimits(
+                memory_mb=defaults.memory_mb,
+                cpus=defaults.cpus,
+                pids_limit=defaults.pids_limit,
+                timeout_seconds=timeout,
+                network_enabled=defaults.network_enabled,
+            ),
+        )
+    return run_docker_tool(
+        source_code=source_code,
+        name=name,
+        arguments=arguments,
+        env=env,
+        limits=container_spec(config, base_image(config)),
+        requirements=requirements,
+        timeout_seconds=timeout,
+    )
+
+
+def run_docker_tool(
+    *,
+    source_code: str,
+    name: str,
+    arguments: dict[str, object],
+    env: dict[str, str],
+    limits: ContainerSpec,
+    requirements: list[object],
+    timeout_seconds: float,
+) -> SandboxOutcome:
+    """Run a tool on this process's engine from plain values (no model, no database): the one Docker
+    code path, for the in-process backend and the sandbox runner alike. `limits.image` is the base
+    image; the call runs on it, or on the image derived from it with `requirements`. Never raises."""
+
     def failed(why: str) -> SandboxOutcome:
         return SandboxOutcome(
             False, None, "", "", f"Tool '{name}' could not run in the Docker sandbox: {why}"
         )
 
+    def engine_failed(exc: Exception) -> SandboxOutcome:
+        logger.warning("sandbox.docker_failed", extra={"tool": name, "error": str(exc)})
+        forget_ping()  # if the engine went away, the next call falls back instead of failing again
+        return failed(str(exc))
+
     try:
-        base = base_image(config)
+        if limits.network:  # fail closed: behind the egress filter or not at all, never unfiltered
+            egress.require_egress_filter(limits.network)
+        base = limits.image
         plan = images.plan_image(
             base=base,
             base_id=images.ensure_image(base, pull=settings.SANDBOX_PULL_IMAGES),
-            requirements=config.pip_requirements if config else [],
+            requirements=requirements,
             wheelhouse=settings.SANDBOX_WHEELHOUSE or None,
             no_index=settings.SANDBOX_PIP_NO_INDEX,
         )
@@ -159,26 +245,30 @@ def _run_docker(
             wheelhouse=settings.SANDBOX_WHEELHOUSE or None,
             no_index=settings.SANDBOX_PIP_NO_INDEX,
         )
-    except (images.BadRequirement, images.ImageUnavailable, images.ImageBuildFailed) as exc:
+    except (
+        images.BadRequirement,
+        images.ImageUnavailable,
+        images.ImageBuildFailed,
+        egress.EgressUnavailable,
+    ) as exc:
         return failed(str(exc))
-    timeout = float(config.timeout_seconds) if config else 30.0
+    except (DockerException, DockerUnavailable) as exc:  # the engine failed while looking for images
+        return engine_failed(exc)
     try:
         return run_tool_in_docker(
             source_code=source_code,
             name=name,
             arguments=arguments,
             env=env,
-            spec=container_spec(config, image),
-            timeout_seconds=timeout,
+            spec=replace(limits, image=image),
+            timeout_seconds=timeout_seconds,
             max_output_bytes=settings.SANDBOX_MAX_OUTPUT_BYTES,
         )
     except ImageNotFound as exc:  # removed behind our back: look again next time
         images.forget_images()
         return failed(str(exc))
     except (DockerException, DockerUnavailable) as exc:
-        logger.warning("sandbox.docker_failed", extra={"tool": name, "error": str(exc)})
-        forget_ping()  # if the engine went away, the next call falls back instead of failing again
-        return failed(str(exc))
+        return engine_failed(exc)
 
 
 def _config_env(actor: Actor, config: SandboxConfig | None) -> dict[str, str]:

@@ -38,7 +38,7 @@ FAILING = '''def explode(reason: str) -> str:
 
 @pytest.fixture
 def local_sandbox(settings):  # type: ignore[no-untyped-def]
-    """Runs go to the local subprocess sandbox (fast, no engine needed; Docker has its own tests)."""
+    """Runs go to the local jail (fast, no engine needed; Docker has its own tests)."""
     settings.SANDBOX_BACKEND = "local"
     return settings
 
@@ -322,7 +322,7 @@ def test_running_shows_the_result_stdout_sandbox_and_duration(owner_client, loca
     assert '<span class="badge ok" data-testid="run-status">success</span>' in body
     assert '<pre data-testid="run-return">42</pre>' in body
     assert '<pre data-testid="run-stdout">adding 40 2</pre>' in body
-    assert "sandbox: local (weaker isolation)" in body
+    assert "sandbox: local (jail)" in body
     assert " ms</span>" in body
 
 

@@ -102,7 +102,8 @@ def test_each_request_resends_the_stored_conversation_after_one_fresh_system_mes
     assert "Name: Sam" not in second["messages"][0]["content"]
 
 
-def test_a_custom_tool_runs_in_the_local_sandbox_and_the_loop_continues(make_agent, send, llm, org):
+def test_a_custom_tool_runs_in_the_local_sandbox_and_the_loop_continues(make_agent, send, llm, org, settings):
+    settings.SANDBOX_BACKEND = "local"  # the jail; Docker in the loop: tests/sandbox
     tool = custom_tool(org)
     agent = make_agent(tool_ids=[tool.id])
     llm.push(tool_calls(tool_call("echo", {"word": "hiking"}, id="call_1")), text("It says HIKING."))

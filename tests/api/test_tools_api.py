@@ -404,7 +404,8 @@ def test_search_ranks_tools_by_the_query_words(actor, api_client_for):
 # --- run -----------------------------------------------------------------------------------------------
 
 
-def test_run_from_source_returns_the_result_and_output(actor, api_client_for):
+def test_run_from_source_returns_the_result_and_output(actor, api_client_for, settings):
+    settings.SANDBOX_BACKEND = "local"  # the jail; the same through Docker: tests/sandbox/test_isolation.py
     response = api_client_for(actor).post(
         "/v1/tools/run", {"source_code": ADD_SOURCE, "args": {"a": 2, "b": 3}}, format="json"
     )

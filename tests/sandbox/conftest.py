@@ -59,3 +59,16 @@ def docker_settings(settings, docker_image: str):  # type: ignore[no-untyped-def
     settings.SANDBOX_BASE_IMAGE = docker_image
     settings.SANDBOX_PULL_IMAGES = False
     return settings
+
+
+def containers_of_pid(pid: int) -> list:  # type: ignore[type-arg]
+    """Sandbox containers labelled with another process's pid (a sandbox runner the tests started)."""
+    return get_client().containers.list(all=True, filters={"label": f"{LABEL_PID}={pid}"})
+
+
+def assert_no_containers_of(pid: int) -> None:
+    """The leak check of a process that has exited: none of its containers may remain (removed if any)."""
+    leaked = containers_of_pid(pid)
+    for container in leaked:
+        container.remove(force=True)
+    assert leaked == [], f"containers of process {pid} outlived it: {[c.short_id for c in leaked]}"

@@ -184,14 +184,24 @@ def test_a_tool_that_raises_gives_the_traceback(pool, spec):
 
 
 @pytest.mark.docker
-def test_the_network_is_off_by_default_and_opt_in_per_config(pool, spec):
+def test_the_network_is_off_by_default_and_opt_in_per_config(pool, spec, docker_settings):
+    from apps.sandbox.egress import require_egress_filter
+    from apps.sandbox.selection import container_spec
+
+    off = container_spec(SandboxConfig(sandbox_type=SandboxConfig.Type.DOCKER), spec.image)
+    networked = SandboxConfig(sandbox_type=SandboxConfig.Type.DOCKER, network_enabled=True)
+    on = container_spec(networked, spec.image)
+    if os.geteuid() != 0:
+        pytest.skip("a network-enabled config runs behind the egress filter, which needs root (iptables)")
+    require_egress_filter(on.network)  # what run_docker_tool does before a network-enabled call
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
     with listener:
-        isolated = call(pool, spec, "network", port=port)
-        opted_in = call(pool, ContainerSpec(image=spec.image, network="bridge"), "network", port=port)
+        isolated = call(pool, off, "network", port=port)
+        opted_in = call(pool, on, "network", port=port)
 
+    assert (off.network, on.network) == (None, "letta-sandbox-egress")  # filtered: see test_egress.py
     assert isolated.return_value == {"interfaces": ["lo"], "connect": "ConnectionRefusedError"}
     assert "eth0" in opted_in.return_value["interfaces"]
 
@@ -382,7 +392,7 @@ def test_pip_requirements_refuse_pip_options():
 
 
 @pytest.mark.parametrize(
-    ("mode", "allow_local", "local_config_only", "docker_ready", "expected"),
+    ("mode", "allow_local", "local_config_only", "docker_answers", "expected"),
     [
         ("auto", True, False, True, "docker"),
         ("auto", False, False, True, "docker"),
@@ -395,9 +405,9 @@ def test_pip_requirements_refuse_pip_options():
         ("local", False, False, True, None),
     ],
 )
-def test_the_selection_rule(mode, allow_local, local_config_only, docker_ready, expected):
+def test_the_selection_rule(mode, allow_local, local_config_only, docker_answers, expected):
     backend, reason = decide_backend(
-        mode=mode, allow_local=allow_local, local_config_only=local_config_only, docker_ready=docker_ready
+        mode=mode, allow_local=allow_local, local_config_only=local_config_only, docker_answers=docker_answers
     )
 
     assert backend == expected
@@ -513,10 +523,12 @@ def test_a_pooled_container_that_died_while_idle_is_replaced_for_the_call(pool, 
 
 
 @pytest.mark.docker
-def test_an_engine_without_the_base_image_falls_back_to_the_local_sandbox(docker_settings, org):
+def test_an_engine_without_the_base_image_is_an_error_never_a_run_elsewhere(docker_settings, org):
     docker_settings.SANDBOX_BASE_IMAGE = "letta-sandbox-absent:none"
     tool = custom_tool(org)
 
     result = run_custom_tool(tool, {"word": "x"}, ToolContext(actor=Actor.system(org.id), agent_id="agent-x"))
 
-    assert (result.status, result.return_value, result.sandbox) == ("success", "X", "local")
+    assert (result.status, result.sandbox) == ("error", "docker")
+    assert "Sandbox image 'letta-sandbox-absent:none' is not present" in result.return_value
+    assert "scripts/build_sandbox_image.sh" in result.return_value
