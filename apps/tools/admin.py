@@ -1,7 +1,23 @@
+from typing import Any
+
+from django import forms
 from django.contrib import admin
 
 from apps.accounts.admin_base import OrgScopedAdmin, secret_form
+from apps.tools.mcp import stdio_refusal
 from apps.tools.models import MCPServer, Tool
+
+
+class MCPServerAdminForm(secret_form(MCPServer, ("env_json", "auth_token", "custom_headers_json"))):  # type: ignore[misc]
+    """The same rule as the API: a stdio server's command must be one the operator allows."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if cleaned.get("server_type") == MCPServer.Type.STDIO:
+            reason = stdio_refusal((cleaned.get("command") or "").strip())
+            if reason:
+                raise forms.ValidationError({"command": reason})
+        return cleaned
 
 
 @admin.register(Tool)
@@ -22,7 +38,7 @@ class ToolAdmin(OrgScopedAdmin):
 class MCPServerAdmin(OrgScopedAdmin):
     """Env values, the auth token and custom header values are write-only: the form never shows them."""
 
-    form = secret_form(MCPServer, ("env_json", "auth_token", "custom_headers_json"))
+    form = MCPServerAdminForm
     list_display = ["server_name", "server_type", "endpoint", "organization", "updated_at"]
     list_filter = ["server_type"]
     search_fields = ["server_name", "server_url", "command", "id"]

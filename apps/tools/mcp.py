@@ -3,7 +3,10 @@
 Three parts, in the order of this file:
 
 * `fetch_tools` / `invoke_tool`: one short-lived connection per operation with the official `mcp` SDK,
-  driven synchronously (see `_run_sync`) under one overall timeout;
+  driven synchronously (see `_run_sync`) under one overall timeout. A stdio server's command must be
+  one the operator allows (MCP_STDIO_COMMANDS) and always runs in the local jail (apps/sandbox/jail.py:
+  its own uid, no network at all, read-only /usr and MCP_STDIO_READ_PATHS, none of our environment);
+  servers elsewhere are reached over SSE or Streamable HTTP;
 * services and selectors for `MCPServer` rows (create, update, delete, sync the server's tools into
   `Tool` rows of type `external_mcp`), org-scoped like every other tenant model;
 * `run_mcp_tool` / `mcp_tool_execute`: what the agent loop and the run endpoint call; they never raise,
@@ -15,14 +18,19 @@ they follow the same rules (keyword-only, `actor` first, org-scoped, domain erro
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import math
+import os
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, TypedDict, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -34,14 +42,14 @@ from django.db.models import QuerySet
 from mcp import Client
 from mcp.client import Transport
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
-from apps.accounts.models import Organization
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.sandbox import jail
 from apps.tools.execution import ToolContext, ToolResult
 from apps.tools.models import MCPServer, Tool
 
@@ -60,6 +68,12 @@ MAX_TOOL_PAGES = 20
 STDERR_TAIL_CHARS = 1000
 MCP_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What a model provider accepts as a function name (OpenAI's rule); MCP allows more."""
+STDIO_MEMORY_MB = 1024
+"""RLIMIT_AS of a jailed stdio server: node reserves more address space than tool code (512 MB: it
+does not start)."""
+STDIO_SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+STDIO_ENV_CARRIER = "LETTA_MCP_ENV_"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def list_tools_timeout() -> float:
@@ -68,6 +82,22 @@ def list_tools_timeout() -> float:
 
 def call_tool_timeout() -> float:
     return float(getattr(settings, "MCP_CALL_TOOL_TIMEOUT", DEFAULT_CALL_TOOL_TIMEOUT))
+
+
+def stdio_commands() -> list[str]:
+    """The commands the operator allows stdio servers (MCP_STDIO_COMMANDS), in its order."""
+    return _setting_list("MCP_STDIO_COMMANDS")
+
+
+def stdio_read_paths() -> list[str]:
+    """Host folders bound read-only into a stdio server's jail besides /usr (MCP_STDIO_READ_PATHS)."""
+    return [str(Path(p)) for p in _setting_list("MCP_STDIO_READ_PATHS")]
+
+
+def _setting_list(name: str) -> list[str]:
+    value = getattr(settings, name, None) or []
+    items = value.split(",") if isinstance(value, str) else value
+    return [str(item).strip() for item in items if str(item).strip()]
 
 
 class McpServerError(DomainError):
@@ -125,8 +155,10 @@ class McpCallOutput:
 
 
 def fetch_tools(target: McpTarget, *, timeout: float | None = None) -> list[McpToolSpec]:
-    """Every tool the server lists (all pages). Raises McpServerError."""
+    """Every tool the server lists (all pages). Raises McpServerError, InvalidInput (a stdio server
+    this host does not allow)."""
     seconds = list_tools_timeout() if timeout is None else timeout
+    _check_target(target)
 
     async def work(client: Client) -> list[McpToolSpec]:
         specs: list[McpToolSpec] = []
@@ -155,8 +187,10 @@ def fetch_tools(target: McpTarget, *, timeout: float | None = None) -> list[McpT
 def invoke_tool(
     target: McpTarget, name: str, arguments: dict[str, Any], *, timeout: float | None = None
 ) -> McpCallOutput:
-    """Call one tool; an MCP error result is `is_error=True`, not an exception. Raises McpServerError."""
+    """Call one tool; an MCP error result is `is_error=True`, not an exception. Raises McpServerError,
+    InvalidInput (a stdio server this host does not allow)."""
     seconds = call_tool_timeout() if timeout is None else timeout
+    _check_target(target)
 
     async def work(client: Client) -> McpCallOutput:
         result = await client.call_tool(name, arguments)
@@ -233,14 +267,83 @@ async def _with_client(target: McpTarget, seconds: float, work: Callable[[Client
 
 def _transport(target: McpTarget, timeout: float, errlog: IO[str] | None) -> Transport:
     if target.server_type == MCPServer.Type.STDIO:
-        params = StdioServerParameters(command=target.command, args=list(target.args), env=target.env or None)
-        return cast(Transport, stdio_client(params, errlog=cast(Any, errlog)))
+        return cast(Transport, stdio_client(_jailed(target, timeout), errlog=cast(Any, errlog)))
     if target.server_type == MCPServer.Type.SSE:
         return cast(
             Transport,
             sse_client(target.url, headers=target.headers or None, timeout=timeout, sse_read_timeout=timeout),
         )
     return cast(Transport, _streamable_http(target.url, target.headers, timeout))
+
+
+def _jailed(target: McpTarget, timeout: float) -> StdioServerParameters:
+    """The stdio server as a jailed process: bubblewrap's setpriv/bwrap argv around `command args`.
+
+    The SDK stops it like any server (stdin closed, then SIGTERM and SIGKILL to its process group,
+    bwrap's): `--die-with-parent` then ends the jail's PID namespace, so nothing of it outlives the
+    operation. No more CPU than the operation's wall time. Raises FileNotFoundError, McpServerError.
+    """
+    read_paths = stdio_read_paths()
+    hidden = [str(settings.BASE_DIR), str(settings.DATA_DIR), str(Path.home())]
+    path = [*(f"{p}/bin" for p in read_paths if Path(p, "bin").is_dir()), *STDIO_SYSTEM_PATH]
+    executable = _jail_executable(target.command, ":".join(path), read_paths, hidden)
+    handover, env = _env_handover(target.env, {"PATH": ":".join(path), "HOME": "/tmp", "LANG": "C.UTF-8"})
+    argv = jail.jail_command(
+        [*handover, executable, *target.args],
+        limits=jail.JailLimits(memory_mb=STDIO_MEMORY_MB, cpu_seconds=math.ceil(timeout) + 1),
+        read_only=read_paths,
+        hidden=hidden,
+    )
+    return StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+
+
+def _jail_executable(command: str, path: str, read_paths: list[str], hidden: list[str]) -> str:
+    """`command` as an absolute path the jail can see: looked up on the jail's PATH here, so a missing
+    or unbound command fails before anything is spawned. Raises FileNotFoundError, McpServerError."""
+    found = command if "/" in command else shutil.which(command, path=path)
+    if not found or not os.path.isabs(found) or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+    bound = ["/usr", *jail.MERGED_USR_LINKS, *read_paths]
+    if not _under(found, bound) or _under(found, [h for h in hidden if _under(h, bound)]):
+        raise McpServerError(
+            f"cannot start the MCP server command '{command}': {found} is outside the folders the "
+            "jail sees (/usr and MCP_STDIO_READ_PATHS)"
+        )
+    return found
+
+
+def _env_handover(env: dict[str, str], base: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command prefix and the host environment that give the server exactly `base` and its `env`.
+
+    setpriv (as root) and bwrap start on the host with the environment the SDK passes, so the tenant's
+    variables must not reach them under their own names (LD_PRELOAD, GCONV_PATH, ... act on any
+    program), nor their values go on a command line: each value travels under an inert name and a
+    shell inside the jail renames it. What the SDK adds of ours (USER, SHELL, ...) is unset there.
+    """
+    bad = _bad_env_names(env)
+    if bad:
+        raise McpServerError(f"the MCP server's env has names a shell cannot set: {', '.join(bad)}")
+    host = dict(base)
+    script = []
+    for index, (name, value) in enumerate(env.items()):
+        host[f"{STDIO_ENV_CARRIER}{index}"] = value
+        script.append(f'export {name}="${STDIO_ENV_CARRIER}{index}"')
+    unset = [
+        *(f"{STDIO_ENV_CARRIER}{index}" for index in range(len(env))),
+        *(name for name in get_default_environment() if name not in base and name not in env),
+    ]
+    if unset:
+        script.append(f"unset {' '.join(unset)}")
+    script.append('exec "$@"')
+    return ["/bin/sh", "-c", "; ".join(script), "sh"], host
+
+
+def _bad_env_names(env: dict[str, str]) -> list[str]:
+    return sorted(name for name in env if not ENV_NAME.match(name) or name.startswith(STDIO_ENV_CARRIER))
+
+
+def _under(path: str, prefixes: list[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 
 @asynccontextmanager
@@ -294,10 +397,10 @@ def _origin(url: str) -> str:
 
 
 def mcp_target(*, server: MCPServer) -> McpTarget:
-    """The decrypted connection for `server`. Raises InvalidInput when the organisation forbids stdio
-    servers (`Organization.allow_local_sandbox`: a stdio server is a command run on this host)."""
+    """The decrypted connection for `server`. Raises InvalidInput for a stdio server this host does not
+    allow (any more): see `stdio_refusal`."""
     if server.server_type == MCPServer.Type.STDIO:
-        _check_stdio_allowed(server.organization_id)
+        _check_stdio_allowed(server.command)
         return McpTarget(
             server_type=server.server_type, command=server.command, args=tuple(server.args), env=server.env
         )
@@ -314,15 +417,36 @@ def _auth_value(header: str, token: str) -> str:
     return token
 
 
-def _check_stdio_allowed(organization_id: str) -> None:
-    allowed = (
-        Organization.objects.filter(id=organization_id).values_list("allow_local_sandbox", flat=True).first()
-    )
+def stdio_refusal(command: str) -> str | None:
+    """Why a stdio server with `command` may not run on this host (None: it may). A stdio server is a
+    process on this host, so a tenant only ever picks one of the operator's commands, and nothing runs
+    when the jail cannot be made (never unjailed)."""
+    allowed = stdio_commands()
     if not allowed:
-        raise InvalidInput(
-            "This organization does not allow stdio MCP servers (commands run on the server host); "
-            "an administrator can enable the local sandbox for it."
+        return (
+            "stdio MCP servers are disabled on this server: the operator allows no commands "
+            "(MCP_STDIO_COMMANDS)"
         )
+    if command not in allowed:
+        return (
+            f"'{command}' is not an allowed stdio MCP command on this server "
+            f"(MCP_STDIO_COMMANDS allows: {', '.join(allowed)})"
+        )
+    reason = jail.unavailable_reason()
+    if reason is not None:
+        return f"stdio MCP servers cannot run on this server, they need the local jail: {reason}"
+    return None
+
+
+def _check_stdio_allowed(command: str) -> None:
+    reason = stdio_refusal(command)
+    if reason is not None:
+        raise InvalidInput(reason)
+
+
+def _check_target(target: McpTarget) -> None:
+    if target.server_type == MCPServer.Type.STDIO:
+        _check_stdio_allowed(target.command)
 
 
 # --- selectors --------------------------------------------------------------------------------------------
@@ -460,7 +584,7 @@ def mcp_server_create(
         custom_headers=custom_headers,
     )
     if server.server_type == MCPServer.Type.STDIO:
-        _check_stdio_allowed(actor.organization_id)
+        _check_stdio_allowed(server.command)
     try:
         with transaction.atomic():
             server.save()
@@ -485,6 +609,12 @@ def _apply_config(server: MCPServer, *, server_type: str, **fields: Any) -> None
         command = (fields.get("command") or "").strip()
         if not command:
             raise InvalidInput("A stdio MCP server needs a command")
+        bad = _bad_env_names(fields.get("env") or {})
+        if bad:
+            raise InvalidInput(
+                f"env names must be shell variable names (letters, digits and '_', not starting with a "
+                f"digit): {', '.join(bad)}"
+            )
         server.command, server.args, server.env = command, list(fields.get("args") or []), fields.get("env")
         server.server_url, server.auth_header, server.auth_token, server.custom_headers = "", "", "", None
     else:
@@ -528,7 +658,7 @@ def mcp_server_update(*, actor: Actor, server_id: str, server_name: str = _UNSET
     elif not server.server_name:
         raise InvalidInput("server_name must not be empty")
     if server.server_type == MCPServer.Type.STDIO:
-        _check_stdio_allowed(actor.organization_id)
+        _check_stdio_allowed(server.command)
     try:
         with transaction.atomic():
             server.save()

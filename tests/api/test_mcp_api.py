@@ -1,9 +1,11 @@
 """/v1/mcp-servers and the legacy /v1/tools/mcp/servers routes, against the real test MCP server
-(tests/support/mcp_server.py): CRUD, secrets never returned, tools, run, refresh, roles and tenancy."""
+(tests/support/mcp_server.py, jailed): CRUD, secrets never returned, tools, run, refresh, the operator's
+stdio commands, roles and tenancy."""
 
 from __future__ import annotations
 
-import sys
+import uuid
+from pathlib import Path
 
 import pytest
 from letta_client import Letta
@@ -16,10 +18,19 @@ from apps.core.actor import Actor, Role
 from apps.tools.mcp import mcp_server_create, mcp_tool_register
 from apps.tools.models import MCPServer, Tool
 from tests.factories import AgentFactory
-from tests.support.mcp_server import SCRIPT, McpHttpServer
+from tests.support.mcp_server import McpHttpServer, stdio_launch
 
-STDIO_CONFIG = {"mcp_server_type": "stdio", "command": sys.executable, "args": [SCRIPT]}
-REGISTRABLE = ["add", "auth_seen", "env_value", "fail", "nap"]
+LAUNCH = stdio_launch()
+PYTHON = LAUNCH.command
+STDIO_CONFIG = {"mcp_server_type": "stdio", "command": PYTHON, "args": list(LAUNCH.args)}
+REGISTRABLE = ["add", "auth_seen", "env_value", "fail", "jail_probe", "nap"]
+
+
+@pytest.fixture(autouse=True)
+def _stdio_allowed(settings):  # type: ignore[no-untyped-def]
+    """The operator allows the test server's interpreter and binds what it needs into the jail."""
+    settings.MCP_STDIO_COMMANDS = [PYTHON]
+    settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
 
 
 def stdio_server(actor: Actor, name: str = "local", *, register_tools: bool = False) -> MCPServer:
@@ -27,8 +38,8 @@ def stdio_server(actor: Actor, name: str = "local", *, register_tools: bool = Fa
         actor=actor,
         server_name=name,
         server_type="stdio",
-        command=sys.executable,
-        args=[SCRIPT],
+        command=PYTHON,
+        args=list(LAUNCH.args),
         env={"API_KEY": "k-123"},
         register_tools=register_tools,
     )
@@ -64,8 +75,8 @@ def test_create_a_stdio_server_registers_its_tools_and_hides_env_values(actor, a
         "id": server.id,
         "server_name": "local",
         "mcp_server_type": "stdio",
-        "command": sys.executable,
-        "args": [SCRIPT],
+        "command": PYTHON,
+        "args": list(LAUNCH.args),
         "env": {"API_KEY": None},
         "created_at": data["created_at"],
         "updated_at": data["updated_at"],
@@ -106,7 +117,8 @@ def test_create_an_http_server_never_returns_its_token_or_header_values(actor, a
     assert (server.auth_token, server.custom_headers) == ("Bearer tok-1", {"X-Team": "blue"})
 
 
-def test_the_server_type_may_be_left_out(actor, api_client_for):
+def test_the_server_type_may_be_left_out(actor, api_client_for, settings):
+    settings.MCP_STDIO_COMMANDS = ["/bin/false"]
     client = api_client_for(actor)
 
     stdio = client.post(
@@ -216,7 +228,7 @@ def test_update_keeps_what_is_not_sent_and_clears_what_is_null(actor, api_client
 
 def test_update_can_switch_the_transport(actor, api_client_for):
     server = http_server(actor)
-    body = {"config": {"mcp_server_type": "stdio", "command": sys.executable, "args": [SCRIPT]}}
+    body = {"config": STDIO_CONFIG}
 
     response = api_client_for(actor).patch(f"/v1/mcp-servers/{server.id}", body, format="json")
 
@@ -224,7 +236,7 @@ def test_update_can_switch_the_transport(actor, api_client_for):
     assert response.json()["mcp_server_type"] == "stdio"
     assert (server.server_type, server.command, server.server_url, server.auth_token) == (
         "stdio",
-        sys.executable,
+        PYTHON,
         "",
         "",
     )
@@ -239,6 +251,64 @@ def test_delete_a_server_and_its_tools(actor, api_client_for):
     assert response.content == b""
     assert MCPServer.objects.for_actor(actor).count() == 0
     assert Tool.objects.for_actor(actor).filter(tool_type="external_mcp").count() == 0
+
+
+# --- the operator's stdio commands ------------------------------------------------------------------------
+
+
+def test_by_default_a_stdio_server_is_refused_and_leaves_no_trace(actor, api_client_for, settings):
+    settings.MCP_STDIO_COMMANDS = []
+    marker = Path(f"/tmp/letta-mcp-pwned-{uuid.uuid4()}")
+    body = {
+        "server_name": "pwn",
+        "config": {"mcp_server_type": "stdio", "command": "sh", "args": ["-c", f"touch {marker}"]},
+    }
+
+    response = api_client_for(actor).post("/v1/mcp-servers/", body, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "stdio MCP servers are disabled on this server: the operator allows no commands (MCP_STDIO_COMMANDS)"
+    )
+    assert MCPServer.objects.for_actor(actor).count() == 0
+    assert Tool.objects.for_actor(actor).count() == 0
+    assert not marker.exists()
+
+
+def test_a_command_the_operator_does_not_allow_is_refused(actor, api_client_for, settings):
+    settings.MCP_STDIO_COMMANDS = ["npx", "uvx"]
+    server = http_server(actor)
+    client = api_client_for(actor)
+    stdio = {"mcp_server_type": "stdio", "command": "sh", "args": ["-c", "id"]}
+
+    created = client.post("/v1/mcp-servers/", {"server_name": "x", "config": stdio}, format="json")
+    updated = client.patch(f"/v1/mcp-servers/{server.id}", {"config": stdio}, format="json")
+
+    refusal = "'sh' is not an allowed stdio MCP command on this server (MCP_STDIO_COMMANDS allows: npx, uvx)"
+    assert (created.status_code, created.json()["detail"]) == (400, refusal)
+    assert (updated.status_code, updated.json()["detail"]) == (400, refusal)
+    server.refresh_from_db()
+    assert (server.server_type, server.command) == ("streamable_http", "")
+    assert list(MCPServer.objects.for_actor(actor).values_list("server_name", flat=True)) == ["remote"]
+
+
+def test_a_stored_server_whose_command_is_no_longer_allowed_is_refused(actor, api_client_for, settings):
+    server = stdio_server(actor)
+    tool = mcp_tool_register(actor=actor, server=server, tool_name="add")
+    settings.MCP_STDIO_COMMANDS = []
+    client = api_client_for(actor)
+
+    ran = client.post(
+        f"/v1/mcp-servers/{server.id}/tools/{tool.id}/run", {"args": {"a": 2, "b": 3}}, format="json"
+    )
+    listed = client.get("/v1/tools/mcp/servers/local/tools")
+
+    refusal = (
+        "stdio MCP servers are disabled on this server: the operator allows no commands (MCP_STDIO_COMMANDS)"
+    )
+    assert (ran.status_code, ran.json()["status"]) == (200, "error")
+    assert ran.json()["func_return"] == f"Error calling MCP tool 'add' on server 'local': {refusal}"
+    assert (listed.status_code, listed.json()["detail"]) == (400, refusal)
 
 
 # --- a server's tools -------------------------------------------------------------------------------------
@@ -320,7 +390,7 @@ def test_refresh_adds_new_tools_and_attaches_them_to_an_agent(actor, api_client_
 
     assert response.status_code == 200
     assert response.json() == {
-        "added": ["fail", "env_value", "auth_seen", "nap"],
+        "added": ["fail", "env_value", "auth_seen", "nap", "jail_probe"],
         "updated": [],
         "unchanged": ["add"],
         "deleted": [],
@@ -330,10 +400,10 @@ def test_refresh_adds_new_tools_and_attaches_them_to_an_agent(actor, api_client_
                 "reason": "the name is not a valid function name (letters, digits, '_' and '-'; at most 64)",
             }
         ],
-        "attached_to_agent": ["fail", "env_value", "auth_seen", "nap"],
+        "attached_to_agent": ["fail", "env_value", "auth_seen", "nap", "jail_probe"],
     }
     attached = AgentTool.objects.filter(agent=agent).values_list("tool__name", flat=True)
-    assert sorted(attached) == ["auth_seen", "env_value", "fail", "nap"]
+    assert sorted(attached) == ["auth_seen", "env_value", "fail", "jail_probe", "nap"]
 
 
 def test_refreshing_a_server_that_is_down_is_502_and_changes_nothing(actor, api_client_for):
@@ -341,7 +411,7 @@ def test_refreshing_a_server_that_is_down_is_502_and_changes_nothing(actor, api_
         actor=actor,
         server_name="broken",
         server_type="stdio",
-        command=sys.executable,
+        command=PYTHON,
         args=["-c", "import sys; print('missing API_KEY', file=sys.stderr); sys.exit(1)"],
         register_tools=False,
     )
@@ -351,7 +421,7 @@ def test_refreshing_a_server_that_is_down_is_502_and_changes_nothing(actor, api_
     assert response.status_code == 502
     assert response["x-should-retry"] == "false"
     assert response.json() == {
-        "detail": f"the MCP server ({sys.executable}) failed: Connection closed\n"
+        "detail": f"the MCP server ({PYTHON}) failed: Connection closed\n"
         "The server's stderr ends with:\nmissing API_KEY",
         "code": "mcp_server_error",
     }
@@ -365,7 +435,7 @@ def test_legacy_live_listing_shows_every_tool_and_its_health(actor, api_client_f
 
     assert response.status_code == 200
     tools = {t["name"]: t for t in response.json()}
-    assert list(tools) == ["add", "fail", "env_value", "auth_seen", "nap", "dotted.name"]
+    assert list(tools) == ["add", "fail", "env_value", "auth_seen", "nap", "dotted.name", "jail_probe"]
     assert tools["add"]["inputSchema"]["required"] == ["a", "b"]
     assert tools["add"]["health"] == {"status": "VALID", "reasons": []}
     assert tools["dotted.name"]["health"]["status"] == "INVALID"
@@ -536,7 +606,7 @@ def test_mcp_server_lifecycle_through_the_sdk(live_server, actor):
         {"API_KEY": None},
     )
     assert [s.id for s in listed] == [created.id]
-    assert fetched.command == sys.executable
+    assert fetched.command == PYTHON
     assert sorted(t.name for t in tools) == REGISTRABLE
     assert (ran.status, ran.func_return) == ("success", "5")
     assert updated.server_name == "renamed"
