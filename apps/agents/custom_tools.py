@@ -9,7 +9,7 @@ from typing import Any
 
 from apps.agents.models import AgentSecret
 from apps.sandbox.selection import run_in_sandbox
-from apps.tools.execution import ToolContext, ToolResult
+from apps.tools.execution import ToolContext, ToolResult, output_lines
 from apps.tools.models import Tool
 
 
@@ -25,8 +25,8 @@ def run_custom_tool(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> 
         actor=ctx.actor, source_code=tool.source_code, name=tool.name, arguments=arguments, extra_env=env
     )
     outcome = run.outcome
-    stdout = tuple(outcome.stdout.splitlines())
-    stderr = tuple(outcome.stderr.splitlines())
+    stdout = output_lines(outcome.stdout, tool.return_char_limit)
+    stderr = output_lines(outcome.stderr, tool.return_char_limit)
     if run.backend is None:
         return ToolResult.error(outcome.error or f"Tool '{tool.name}' cannot run.")
     if outcome.ok:

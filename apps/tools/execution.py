@@ -75,3 +75,10 @@ def cut_to_limit(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"... [NOTE: the function returned {len(text)} characters; cut to {limit}]"
+
+
+def output_lines(text: str, limit: int) -> tuple[str, ...]:
+    """A tool's stdout or stderr as kept in its tool return: cut to the tool's return limit like the
+    return value (the sandbox already stopped it at SANDBOX_MAX_OUTPUT_BYTES), so one chatty call
+    does not store megabytes in a message."""
+    return tuple(cut_to_limit(text, limit).splitlines())

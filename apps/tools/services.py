@@ -10,7 +10,7 @@ from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from apps.sandbox.selection import run_in_sandbox
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
-from apps.tools.execution import ToolStatus, cut_to_limit, stringify
+from apps.tools.execution import ToolStatus, cut_to_limit, output_lines, stringify
 from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
 from apps.tools.schema import ToolSchemaError, generate_schema, parse_google_docstring, validate_tool_name
 from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX
@@ -378,8 +378,8 @@ def tool_run(
         name=function,
         status=status,
         tool_return=text,
-        stdout=outcome.stdout.splitlines(),
-        stderr=outcome.stderr.splitlines(),
+        stdout=list(output_lines(outcome.stdout, limit)),
+        stderr=list(output_lines(outcome.stderr, limit)),
         sandbox=ran.backend,
     )
 
