@@ -122,6 +122,11 @@ class Platform:
             "LLM_MAX_ATTEMPTS": "2",
             "LLM_RETRY_BASE_DELAY": "0.01",
             "PYTHONUNBUFFERED": "1",
+            # One key drives every agent at once: the per-key and per-organisation rates and the stream
+            # cap (which their counters still cost, measured) must not be what the figures measure.
+            "API_RATE_PER_KEY": os.environ.get("API_RATE_PER_KEY", "1000000/min"),
+            "API_RATE_PER_ORG": os.environ.get("API_RATE_PER_ORG", "1000000/min"),
+            "MAX_STREAMS_PER_USER": os.environ.get("MAX_STREAMS_PER_USER", "1000"),
         }
 
     def _spawn(self, name: str, command: list[str], **env: str) -> Child:

@@ -5,6 +5,7 @@ Every variable read below is documented in the README's configuration table.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -45,6 +46,7 @@ INSTALLED_APPS = [
     "apps.api",
     "apps.ade",
     "django_ace",  # ships the Ace editor (static files) used by the ADE's tool editor
+    "axes",  # failed sign-ins and lockouts (see Throttling below)
 ]
 
 MIDDLEWARE = [
@@ -58,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires: turns a lockout into its response
 ]
 # Under ASGI the chain and the views run synchronously in one thread hop: apps.core.asgi.
 
@@ -101,11 +104,24 @@ if DATABASE_POOL_MAX_SIZE > 0:
     }
 
 REDIS_URL = env.str("REDIS_URL")
+# Django's cache, where the API's throttles count: Redis, so that every web process shares the counts.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "cache",
+    }
+}
 
 AUTH_USER_MODEL = "accounts.User"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+# django-axes' backend first: it refuses a locked-out sign-in before the password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_URL = "ade:login"
 LOGIN_REDIRECT_URL = "ade:home"
@@ -134,10 +150,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.BoundedJSONParser"],  # JSON_MAX_DEPTH
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # Per API key and per organisation (rates: API_RATE_PER_KEY, API_RATE_PER_ORG under Throttling).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "apps.api.throttles.ApiKeyRateThrottle",
+        "apps.api.throttles.OrganizationRateThrottle",
+    ],
+    # A client's address is the connection's (daphne's --proxy-headers sets it behind a proxy): an
+    # X-Forwarded-For header a client sends itself never moves it out of its throttles.
+    "NUM_PROXIES": 0,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Letta-compatible agent server",
@@ -207,6 +231,63 @@ if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True
     X_FRAME_OPTIONS = "DENY"
 
+# Request bounds -----------------------------------------------------------------------------------
+# What one request may make the server read, parse or run (issue 16). The largest legitimate request is
+# an agent-file import: the file (AGENT_FILE_MAX_BYTES) and a few form fields, hence the body limit's
+# default. Bodies past MAX_REQUEST_BODY_BYTES are refused with 413 before authentication and before
+# anything is read or spooled (apps/core/asgi.py: a larger Content-Length at once, a chunked body when it
+# crosses the limit).
+AGENT_FILE_MAX_BYTES = env.int("AGENT_FILE_MAX_BYTES", default=32 * 1024 * 1024)
+MAX_REQUEST_BODY_BYTES = env.int("MAX_REQUEST_BODY_BYTES", default=AGENT_FILE_MAX_BYTES + 1024 * 1024)
+# A custom tool's source, wherever it enters (the API, agent files, the ADE): past it, a 400 naming it.
+TOOL_SOURCE_MAX_BYTES = env.int("TOOL_SOURCE_MAX_BYTES", default=64 * 1024)
+# Nesting of a JSON body or agent file (tool schemas and agent files nest 10-20 deep): past it, a 400.
+JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
+# The most steps (LLM calls) one run may take, the largest `max_steps` a request may ask for (Letta's
+# default is 50); an organisation's own limit (Organization.max_steps_limit, in the admin) replaces it.
+MAX_STEPS_LIMIT = env.int("MAX_STEPS_LIMIT", default=100)
+# End of Request bounds ----------------------------------------------------------------------------
+
+# Throttling ---------------------------------------------------------------------------------------
+# Sign-ins, the ADE's and the admin's (django-axes): the LOGIN_FAILURE_LIMIT-th failed attempt for one
+# username from one address locks that pair out for LOGIN_LOCKOUT_MINUTES (429; the ADE's sign-in page
+# says so); a successful sign-in resets the count. `manage.py axes_reset` lifts every lockout.
+LOGIN_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_LOCKOUT_MINUTES = env.int("LOGIN_LOCKOUT_MINUTES", default=15)
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "apps.ade.views.auth.lockout_response"
+AXES_ENABLE_ADMIN = False  # its rows are not organisation-scoped: staff would see other tenants' sign-ins
+AXES_DISABLE_ACCESS_LOG = True  # no row per successful sign-in
+# Wrong API keys (apps/api/authentication.py): after API_KEY_FAILURE_LIMIT failures from one client address
+# within a window of API_KEY_FAILURE_WINDOW seconds, that address is answered 429 with Retry-After until
+# the window ends, whatever key it sends (a right guess looks the same).
+API_KEY_FAILURE_LIMIT = env.int("API_KEY_FAILURE_LIMIT", default=10)
+API_KEY_FAILURE_WINDOW = env.int("API_KEY_FAILURE_WINDOW", default=300)
+# Request rates of /v1 per API key (an ADE session counts as its user's key) and per organisation, as
+# "N/s", "N/min", "N/hour" or "N/day"; empty: unlimited. apps/api/throttles.py, counted in CACHES.
+API_RATE_PER_KEY = env.str("API_RATE_PER_KEY", default="600/min")
+API_RATE_PER_ORG = env.str("API_RATE_PER_ORG", default="3000/min")
+# Streams one user holds open at once: SSE streams, blocking sends waiting for their run and the ADE's
+# WebSocket relays (each holds a thread or a task and a Redis read). Past it: 429, or the WebSocket is
+# closed with code 4429. 0: unlimited.
+MAX_STREAMS_PER_USER = env.int("MAX_STREAMS_PER_USER", default=8)
+# The longest a blocking send waits for its run (less when the client announces a shorter read timeout);
+# then it answers 504 with what the run produced so far, and the run goes on.
+BLOCKING_WAIT_SECONDS = env.float("BLOCKING_WAIT_SECONDS", default=600.0)
+# End of Throttling --------------------------------------------------------------------------------
+
+# Run bounds ---------------------------------------------------------------------------------------
+# Wall-clock limits (issue 16): LLM_REQUEST_TIMEOUT bounds each read only, and Celery enforces no time
+# limit in a thread pool. One LLM call, its retries, their backoff and its whole (streamed) body included,
+# ends after LLM_CALL_DEADLINE seconds (stop reason llm_api_error); a run stops after RUN_DEADLINE seconds
+# (checked between steps, and no LLM call outlives it; stop reason error). apps/llm/retry.py, CallBounds.
+LLM_CALL_DEADLINE = env.float("LLM_CALL_DEADLINE", default=300.0)
+RUN_DEADLINE = env.float("RUN_DEADLINE", default=900.0)
+# End of Run bounds --------------------------------------------------------------------------------
+
 # Sandbox ------------------------------------------------------------------------------------------
 # Where custom tools run (apps.sandbox.selection): "auto" = Docker when an engine answers, else the
 # local bubblewrap jail if the organisation allows it; "docker" = never local; "local" = never Docker.
@@ -268,6 +349,15 @@ SANDBOX_RUNNER_MAX_PIDS = env.int("SANDBOX_RUNNER_MAX_PIDS", default=256)
 SANDBOX_RUNNER_MAX_TIMEOUT = env.float("SANDBOX_RUNNER_MAX_TIMEOUT", default=300.0)
 SANDBOX_RUNNER_ALLOWED_IMAGES = env.list("SANDBOX_RUNNER_ALLOWED_IMAGES", default=[])
 # End of Sandbox -----------------------------------------------------------------------------------
+
+# Outbound guard -------------------------------------------------------------------------------------------
+# URLs a tenant chooses (its LLM providers, MCP servers over HTTP) reach public addresses only
+# (apps/core/outbound.py). Comma-separated exceptions the operator opens on purpose: CIDRs (10.0.0.0/8),
+# addresses with or without a port (127.0.0.1:11434, [::1]:11434) and host names with or without a port
+# (gpu-box, ollama:11434; trusted whatever they resolve to). Cloud metadata addresses stay closed.
+# Ollama on the same host for every organisation: OUTBOUND_ALLOW=127.0.0.1:11434 (base URL
+# http://127.0.0.1:11434). The deployment's own OPENAI_BASE_URL / OLLAMA_BASE_URL need no entry.
+OUTBOUND_ALLOW = env.list("OUTBOUND_ALLOW", default=[])
 
 # MCP ----------------------------------------------------------------------------------------------------
 MCP_LIST_TOOLS_TIMEOUT = env.float("MCP_LIST_TOOLS_TIMEOUT", default=30.0)

@@ -23,6 +23,14 @@ def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _no_accidental_throttling(settings) -> None:  # type: ignore[no-untyped-def]
+    """Request rates and wrong-key limits no test reaches by accident (the counters live in Redis, shared
+    by every test and run); tests of throttling set their own."""
+    settings.API_RATE_PER_KEY = settings.API_RATE_PER_ORG = "1000000/min"
+    settings.API_KEY_FAILURE_LIMIT = 1_000_000
+
+
 @pytest.fixture
 def org(db) -> Organization:  # type: ignore[no-untyped-def]
     return OrganizationFactory(name="Acme")

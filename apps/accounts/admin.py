@@ -20,7 +20,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ["name", "id", "allow_local_sandbox", "created_at"]
+    list_display = ["name", "id", "allow_local_sandbox", "max_steps_limit", "created_at"]
     search_fields = ["name", "id"]
     list_filter = ["allow_local_sandbox"]
     inlines = [MembershipInline]

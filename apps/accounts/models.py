@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from apps.core.actor import Role
@@ -14,6 +15,13 @@ class Organization(TimestampedModel):
     allow_local_sandbox = models.BooleanField(
         default=True,
         help_text="May custom tools run in the local bubblewrap jail when no Docker engine answers?",
+    )
+    max_steps_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="The largest max_steps a run of this organisation may ask for; empty: the deployment's "
+        "MAX_STEPS_LIMIT.",
     )
 
     class Meta:

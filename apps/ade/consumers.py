@@ -3,6 +3,11 @@
 Tokens never travel through the channel layer: the consumer reads the run's Redis Stream itself
 (apps.streams.events), from the cursor the browser passes (`?after=<last id seen>`), so a reconnecting
 page gets what it missed and then the live tail, with no gap and no duplicate.
+
+Each relay holds one of its user's stream slots (MAX_STREAMS_PER_USER, shared with the API's SSE streams
+and blocking sends): past the cap the socket is accepted and closed at once with code 4429 and a reason
+(a browser sees neither for a socket refused before it opens). The relay's Redis client and its slot
+are given back when the socket closes, whichever side closes it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.selectors import staff_organization_ids
 from apps.agents.models import Run
+from apps.api.throttles import STREAM_CLOSE_CODE, StreamSlot, astream_slot, too_many_streams_reason
 from apps.streams.events import END_EVENT, START, stream_key
 from apps.streams.redis_client import get_async_redis
 
@@ -33,6 +39,8 @@ def _run_visible_to(user: Any, run_id: str) -> bool:
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
     relay: asyncio.Task[None] | None = None
+    redis: Any = None
+    slot: StreamSlot | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -45,17 +53,33 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         after = (query.get("after") or [START])[0]
+        self.redis = get_async_redis()
+        self.slot = await astream_slot(self.redis, str(user.pk))
         await self.accept()
+        if self.slot is None:
+            await self.close(code=STREAM_CLOSE_CODE, reason=too_many_streams_reason())
+            return
         self.relay = asyncio.create_task(self._relay(run_id, after))
 
     async def disconnect(self, code: int) -> None:
         if self.relay is not None:
             self.relay.cancel()
+            await asyncio.gather(self.relay, return_exceptions=True)
+            self.relay = None
+        if self.redis is not None:
+            try:
+                if self.slot is not None:
+                    await self.slot.arelease(self.redis)
+            finally:
+                await self.redis.aclose()
+                self.redis = None
 
     async def _relay(self, run_id: str, after: str) -> None:
-        client = get_async_redis()
+        client = self.redis
         cursor = after
         while True:
+            if self.slot is not None:
+                await self.slot.arefresh(client)
             reply = await client.xread({stream_key(run_id): cursor}, count=200, block=15_000)
             if not reply:
                 await self.send(text_data=json.dumps({"type": "ping"}))

@@ -17,6 +17,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,7 +33,13 @@ from apps.memory.models import Block
 from apps.tools.builtin import BUILTIN_TOOLS
 from apps.tools.models import Tool
 from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX, tool_get_by_name
-from apps.tools.services import is_builtin_tool, tool_upsert, tool_upsert_builtins
+from apps.tools.services import (
+    ToolSourceTooLarge,
+    check_source_size,
+    is_builtin_tool,
+    tool_upsert,
+    tool_upsert_builtins,
+)
 
 FILE_REVISION = "letta-django-1"
 """`metadata.revision_id` of files written here (Letta writes its alembic revision; nobody checks it)."""
@@ -50,6 +57,17 @@ class AgentFileError(InvalidInput):
     """An agent file that cannot be imported (corrupt JSON, legacy format, bad fields or references)."""
 
     code = "invalid_agent_file"
+
+
+class AgentFileTooLarge(AgentFileError):
+    """A file past AGENT_FILE_MAX_BYTES (the API answers 413)."""
+
+    code = "agent_file_too_large"
+
+    @classmethod
+    def over_limit(cls) -> AgentFileTooLarge:
+        limit = settings.AGENT_FILE_MAX_BYTES
+        return cls(f"The agent file is larger than {limit:,} bytes (the limit, AGENT_FILE_MAX_BYTES)")
 
 
 # --- export -------------------------------------------------------------------------------------------
@@ -416,14 +434,22 @@ class AgentFile(_Lenient):
 def parse_agent_file(raw: bytes | str) -> AgentFile:
     """Decode and validate an agent file (JSON, possibly double-encoded as Letta's importer allows).
 
-    Raises AgentFileError: corrupt JSON, the legacy single-agent format, or fields of the wrong shape.
+    Raises AgentFileError: corrupt JSON, the legacy single-agent format, or fields of the wrong shape;
+    AgentFileTooLarge past AGENT_FILE_MAX_BYTES, and an AgentFileError past JSON_MAX_DEPTH of nesting.
     """
+    if len(raw) > settings.AGENT_FILE_MAX_BYTES:  # characters of a str: at most its bytes
+        raise AgentFileTooLarge.over_limit()
+    too_deep = f"The agent file nests more than {settings.JSON_MAX_DEPTH} deep (the limit, JSON_MAX_DEPTH)"
     try:
         document = json.loads(raw)
         if isinstance(document, str):
             document = json.loads(document)
+    except RecursionError as exc:
+        raise AgentFileError(too_deep) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise AgentFileError("Corrupted agent file format.") from exc
+    if _nesting_exceeds(document, settings.JSON_MAX_DEPTH):
+        raise AgentFileError(too_deep)
     if not isinstance(document, dict) or not isinstance(document.get("agents"), list):
         raise AgentFileError(LEGACY_FORMAT_MESSAGE)
     try:
@@ -433,6 +459,24 @@ def parse_agent_file(raw: bytes | str) -> AgentFile:
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()[:10]
         )
         raise AgentFileError(f"Invalid agent file: {problems}") from exc
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep, level by level (apps.api.parsers has the
+    same walk for request bodies; this layer cannot import it)."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+    return False
 
 
 @transaction.atomic
@@ -529,6 +573,12 @@ def _import_tools(actor: Actor, tools: list[FileTool], *, override_existing_tool
             continue
         if not tool.source_code:
             raise AgentFileError(f"Invalid agent file: tool {tool.id} ('{tool.name}') has no source_code")
+        try:
+            check_source_size(tool.source_code)
+        except ToolSourceTooLarge as exc:
+            raise ToolSourceTooLarge(
+                f"Invalid agent file: tool {tool.id} ('{tool.name}'): {exc.message}"
+            ) from exc
         mapped[tool.id] = tool_upsert(
             actor=actor,
             source_code=tool.source_code,

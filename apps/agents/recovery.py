@@ -3,7 +3,15 @@
 A RUNNING run whose conversation lock is free has no live executor (apps.agents.locks): it is marked
 failed with its stream closed, within one recovery period of the crash, and the agent accepts the next
 message. Its input messages stay (they were committed before it started); what its finished steps
-produced stays too. A CREATED run older than a grace period is enqueued again (execution is idempotent).
+produced stays too. A CREATED run older than a grace period whose task is gone is enqueued again
+(execution is idempotent).
+
+"Whose task is gone": every task of a run is sent by `enqueue_run`, which sets the run's task marker in
+Redis; a task that defers (an earlier run of its conversation is unfinished) sets it again each time, so
+the marker lives as long as the task does and expires TASK_MARKER_TTL after it is gone. Recovery leaves
+runs with a marker alone, so a conversation held by a long run, with N runs queued behind it, costs N
+tasks in all (each deferring with backoff, apps.agents.tasks), not N more every pass; a run enqueued
+again whose task is lost once more waits twice as long before the next time (`requeue_delay`).
 """
 
 from __future__ import annotations
@@ -11,15 +19,22 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from celery import current_app
 from django.utils import timezone
 
 from apps.agents.locks import conversation_is_locked
 from apps.agents.models import Run, StopReason
 from apps.streams.events import end_stream
+from apps.streams.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
 LOST_TASK_GRACE = timedelta(seconds=60)
+TASK_MARKER_TTL = 120
+"""Seconds a run's task marker lives once set: far more than a deferring task waits between two tries."""
+REQUEUE_MAX_DELAY = 1800
+"""The longest, in seconds, recovery waits before enqueueing one run again (the backoff's cap)."""
+REQUEUE_COUNT_TTL = 24 * 3600
 WORKER_LOST = "The worker executing this run stopped (crashed or was killed); the run did not finish."
 
 
@@ -58,3 +73,67 @@ def stale_created_runs() -> list[str]:
         .filter(status=Run.Status.CREATED, created_at__lt=cutoff)
         .values_list("id", flat=True)
     )
+
+
+def task_marker_key(run_id: str) -> str:
+    return f"run-task:{run_id}"
+
+
+def requeue_count_key(run_id: str) -> str:
+    return f"run-requeues:{run_id}"
+
+
+def enqueue_run(
+    run_id: str,
+    agent_id: str | None = None,
+    conversation_id: str | None = None,
+    *,
+    marker_ttl: int = TASK_MARKER_TTL,
+) -> None:
+    """Send the task that executes the run (`agents.execute_run`), its marker set first. With agent_id
+    (and conversation_id) the worker takes the conversation's lock without reading the run."""
+    note_task(run_id, ttl=marker_ttl)
+    args = [run_id] if agent_id is None else [run_id, agent_id, conversation_id]
+    current_app.send_task("agents.execute_run", args=args)
+
+
+def note_task(run_id: str, *, ttl: int = TASK_MARKER_TTL) -> int:
+    """Mark the run as having a task, queued or deferred, for `ttl` seconds more (one round trip).
+    Returns the run's count of task messages so far (sends and deferrals), which the marker keeps."""
+    key = task_marker_key(run_id)
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.incr(key)
+    pipe.expire(key, ttl)
+    return int(pipe.execute()[0])
+
+
+def requeue_lost_tasks() -> list[str]:
+    """Enqueue again the stale CREATED runs whose task marker expired (their task is gone); returns their
+    ids. The n-th time a run is enqueued again its marker lives requeue_delay(n), so a run that keeps
+    waiting is enqueued again ever more rarely."""
+    stale = stale_created_runs()
+    if not stale:
+        return []
+    redis = get_redis()
+    pipe = redis.pipeline(transaction=False)
+    for run_id in stale:
+        pipe.exists(task_marker_key(run_id))
+    has_task = pipe.execute()
+    requeued = []
+    for run_id, pending in zip(stale, has_task, strict=True):
+        if pending:
+            continue
+        pipe = redis.pipeline(transaction=False)
+        pipe.incr(requeue_count_key(run_id))
+        pipe.expire(requeue_count_key(run_id), REQUEUE_COUNT_TTL)
+        count = int(pipe.execute()[0])
+        enqueue_run(run_id, marker_ttl=requeue_delay(count))
+        logger.warning("agents.run_requeued", extra={"run_id": run_id, "requeues": count})
+        requeued.append(run_id)
+    return requeued
+
+
+def requeue_delay(count: int) -> int:
+    """Seconds before a run enqueued again for the `count`-th time may be enqueued again: TASK_MARKER_TTL,
+    doubling each time, at most REQUEUE_MAX_DELAY."""
+    return min(REQUEUE_MAX_DELAY, TASK_MARKER_TTL * 2 ** min(max(count, 1) - 1, 16))

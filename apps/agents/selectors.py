@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
@@ -30,6 +29,7 @@ from apps.llm.handles import (
     resolve_model,
 )
 from apps.llm.models import Provider
+from apps.llm.selectors import fetch_model_ids
 from apps.llm.tokens import count_text_tokens
 from apps.llm.tokens import count_tokens as count_request_tokens
 from apps.memory.errors import BlockNotFound
@@ -265,21 +265,12 @@ def _provider_sources(*, actor: Actor) -> list[_ProviderSource]:
 
 
 def _fetch_model_names(source: _ProviderSource) -> list[str]:
-    """Model ids from the source's OpenAI-style `/models`; [] when it is down, slow or answers oddly."""
+    """Model ids from the source's OpenAI-style `/models`; [] when it is down, slow, answers oddly or
+    is refused by the outbound guard (an organisation's URL reaches public addresses only)."""
     base = (source.base_url or "").rstrip("/")
     if source.provider_type == Provider.Type.OLLAMA and not base.endswith("/v1"):
         base += "/v1"
-    headers = {"Authorization": f"Bearer {source.api_key}"} if source.api_key else {}
-    try:
-        response = httpx.get(f"{base}/models", headers=headers, timeout=MODEL_LIST_TIMEOUT)
-        response.raise_for_status()
-        data = response.json().get("data")
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        logger.info("models.list_unreachable", extra={"provider": source.name, "error": type(exc).__name__})
-        return []
-    if not isinstance(data, list):
-        return []
-    return sorted({item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)})
+    return fetch_model_ids(base, api_key=source.api_key or None, timeout=MODEL_LIST_TIMEOUT)
 
 
 def _is_embedding_name(name: str) -> bool:

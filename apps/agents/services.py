@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.accounts.models import Organization
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of, to_letta_messages
 from apps.agents.loop.events import EventSink
@@ -30,6 +31,7 @@ from apps.agents.models import (
     StopReason,
 )
 from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
+from apps.agents.recovery import enqueue_run
 from apps.agents.selectors import (
     TERMINAL_RUN_STATUSES,
     agent_block_get_by_label,
@@ -38,7 +40,6 @@ from apps.agents.selectors import (
     run_stop_reason,
     run_usage_event,
 )
-from apps.agents.tasks import execute_run_task
 from apps.core.actor import Actor
 from apps.core.db import insert_all, release_pooled_connection, row_reader
 from apps.core.errors import InvalidInput, NotFound, PermissionDenied
@@ -49,7 +50,7 @@ from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
 from apps.memory.models import AgentBlock, Block
 from apps.memory.selectors import block_get
 from apps.memory.services import UNSET
-from apps.streams.events import StreamEvent, end_stream, follow_events, read_events
+from apps.streams.events import StreamEvent, end_stream, follow_events, read_events, request_cancel
 from apps.tools.builtin import BUILTIN_TOOLS, base_tool_names
 from apps.tools.models import Tool
 from apps.tools.rules import dump_tool_rules, parse_tool_rules
@@ -292,15 +293,18 @@ def _locked_with_last_message_role(
     model: type[Agent] | type[Conversation], actor: Actor, row_id: str, *, agent_id: str | None = None
 ) -> Any:
     """The agent's (or the agent's conversation's) row, locked FOR UPDATE, without its long message_ids,
-    with `last_message_role`: the role of its last in-context message (None when it has none). None when
-    the actor's organisation has no such row. Hand-written: every send takes it, and the ORM's compilation
-    of the annotated query cost more than running it."""
+    with `last_message_role`: the role of its last in-context message (None when it has none), and
+    `org_max_steps_limit`: its organisation's Organization.max_steps_limit. None when the actor's
+    organisation has no such row. Hand-written: every send takes it, and the ORM's compilation of the
+    annotated query cost more than running it."""
     reader = row_reader(model, "holder", frozenset({"message_ids"}))
     of_agent = " AND holder.agent_id = %s" if agent_id is not None else ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {reader.columns}, (SELECT message.role FROM {Message._meta.db_table} AS message "
-            "WHERE message.id = holder.message_ids[cardinality(holder.message_ids)]) "
+            "WHERE message.id = holder.message_ids[cardinality(holder.message_ids)]), "
+            f"(SELECT org.max_steps_limit FROM {Organization._meta.db_table} AS org "
+            "WHERE org.id = holder.organization_id) "
             f"FROM {model._meta.db_table} AS holder WHERE holder.id = %s AND holder.organization_id = %s"
             f"{of_agent} FOR UPDATE OF holder",
             [row_id, actor.organization_id, *([agent_id] if agent_id is not None else [])],
@@ -310,7 +314,31 @@ def _locked_with_last_message_role(
         return None
     holder = reader.instance(row)
     holder.last_message_role = row[reader.width]
+    holder.org_max_steps_limit = row[reader.width + 1]
     return holder
+
+
+DEFAULT_MAX_STEPS = 50
+"""Letta's default `max_steps`: a run's step budget when the request names none (at most the limit)."""
+
+
+class MaxStepsExceeded(InvalidInput):
+    """A request's max_steps above its organisation's limit (the API answers 422)."""
+
+    code = "max_steps_exceeded"
+
+
+def _step_budget(max_steps: int | None, org_limit: int | None) -> int:
+    """The run's max_steps: the request's, which may not exceed the organisation's limit
+    (Organization.max_steps_limit, else MAX_STEPS_LIMIT), or by default Letta's 50 within that limit."""
+    limit = org_limit if org_limit is not None else settings.MAX_STEPS_LIMIT
+    if max_steps is None:
+        return min(DEFAULT_MAX_STEPS, limit)
+    if max_steps > limit:
+        raise MaxStepsExceeded(
+            f"max_steps must be at most {limit} (this organisation's step limit), got {max_steps}"
+        )
+    return max_steps
 
 
 def _validate_approvals(pending: Message, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -343,7 +371,7 @@ def run_create(
     messages: list[MessageIn] | None = None,
     approvals: list[dict[str, Any]] | None = None,
     conversation_id: str | None = None,
-    max_steps: int = 50,
+    max_steps: int | None = None,
     client_tools: list[dict[str, Any]] | None = None,
     stream_tokens: bool = False,
     background: bool = False,
@@ -356,18 +384,20 @@ def run_create(
     The input is committed before any LLM call, so a crash never loses a user message; it joins the
     in-context messages when the run starts.
     Raises PendingApproval (409) for a normal message while a call awaits approval, NoPendingApproval or
-    InvalidInput for an approval that matches nothing.
+    InvalidInput for an approval that matches nothing, MaxStepsExceeded past the organisation's step
+    limit (`max_steps` None: Letta's default, 50, within that limit).
     """
     messages = messages or []
     if not messages and approvals is None:
         raise InvalidInput("Send at least one message or an approval")
-    if max_steps < 1:
+    if max_steps is not None and max_steps < 1:
         raise InvalidInput("max_steps must be at least 1")
     # The locked row without its (long) message_ids, with the role of its last in-context message: a
     # pending approval is looked up only when that is one (a send is one query here, not two).
     agent = _locked_with_last_message_role(Agent, actor, agent_id)
     if agent is None:
         raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    max_steps = _step_budget(max_steps, agent.org_max_steps_limit)
     conversation = None
     if conversation_id:
         conversation = _locked_with_last_message_role(Conversation, actor, conversation_id, agent_id=agent.id)
@@ -474,7 +504,8 @@ def _execute_when_its_turn(
 
 @transaction.atomic
 def run_cancel(*, actor: Actor, run_id: str) -> Run:
-    """Ask a run to stop at its next safe point; what it produced so far is kept."""
+    """Ask a run to stop at its next safe point (between steps; within about a second during an LLM
+    call); what it produced so far is kept."""
     run = Run.objects.for_actor(actor).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run with id '{run_id}' not found")
@@ -484,8 +515,10 @@ def run_cancel(*, actor: Actor, run_id: str) -> Run:
         # No worker will ever claim it, so none will close its stream: close it here, or a client
         # following the run (SSE, the ADE's WebSocket) would wait for an end that never comes.
         end_stream(run_id, status=Run.Status.CANCELLED, stop_reason=StopReason.CANCELLED)
-    else:
-        runs.filter(status=Run.Status.RUNNING).update(**cancelled)
+    elif runs.filter(status=Run.Status.RUNNING).update(**cancelled):
+        # Between steps its executor reads the status; an LLM call it has in flight checks this signal
+        # and ends within about a second. Sent on commit: it never says more than the database does.
+        transaction.on_commit(lambda: request_cancel(run_id))
     run.refresh_from_db()
     return run
 
@@ -510,7 +543,7 @@ def run_submit(run: Run) -> None:
             )
         )
     else:
-        transaction.on_commit(lambda: execute_run_task.delay(run.id, run.agent_id, run.conversation_id))
+        transaction.on_commit(lambda: enqueue_run(run.id, run.agent_id, run.conversation_id))
 
 
 @dataclass

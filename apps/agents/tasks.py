@@ -5,10 +5,20 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from apps.agents.loop.runner import RunDeferred, execute_run_streamed
-from apps.agents.recovery import fail_orphaned_runs, stale_created_runs
+from apps.agents.recovery import enqueue_run, fail_orphaned_runs, note_task, requeue_lost_tasks
 from apps.agents.sleeptime import create_sleeptime_run
 
 DEFER_SECONDS = 0.25
+DEFER_MAX_SECONDS = 10.0
+
+
+def defer_countdown(retries: int) -> float:
+    """Seconds before a deferred run's task tries again: 0.25 s, doubling with each try, at most 10 s.
+
+    Waiting costs nothing in order: the worker that finishes a run enqueues the next run of its
+    conversation at once (execute_run_streamed). What the backoff saves is a task every 250 ms for each
+    run queued behind one that takes long (up to RUN_DEADLINE)."""
+    return min(DEFER_MAX_SECONDS, DEFER_SECONDS * 2 ** min(retries, 10))
 
 
 @shared_task(
@@ -24,20 +34,21 @@ def execute_run_task(
     self: Task, run_id: str, agent_id: str | None = None, conversation_id: str | None = None
 ) -> None:
     """Run an agent turn, streaming its events to Redis. Idempotent: a claimed run is left alone.
-    While an earlier run of the same conversation is unfinished, try again shortly (keeps order).
+    While an earlier run of the same conversation is unfinished, try again later (keeps order), with
+    backoff; the run's task marker says meanwhile that it has a task (apps.agents.recovery).
     agent_id/conversation_id: the run's (a send passes them; the run is read when they are absent)."""
     try:
         execute_run_streamed(run_id, agent_id=agent_id, conversation_id=conversation_id)
     except RunDeferred as exc:
-        raise self.retry(countdown=DEFER_SECONDS) from exc
+        note_task(run_id)
+        raise self.retry(countdown=defer_countdown(self.request.retries)) from exc
 
 
 @shared_task(name="agents.recover_runs", acks_late=True, time_limit=120)
 def recover_runs_task() -> None:
     """Periodic (beat): fail runs whose worker died; enqueue again runs whose task was lost."""
     fail_orphaned_runs()
-    for run_id in stale_created_runs():
-        execute_run_task.delay(run_id)
+    requeue_lost_tasks()
 
 
 @shared_task(name="agents.sleeptime", acks_late=True, time_limit=600)
@@ -45,4 +56,4 @@ def sleeptime_task(primary_agent_id: str) -> None:
     """Give the primary's recent messages to its sleeptime agent, as a run of that agent."""
     run = create_sleeptime_run(primary_agent_id)
     if run is not None:
-        execute_run_task.delay(run.id)
+        enqueue_run(run.id)

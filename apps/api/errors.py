@@ -1,15 +1,26 @@
-"""One table from domain errors to HTTP statuses, rendered in Letta's shape: {"detail": ...}."""
+"""One table from domain errors to HTTP statuses, rendered in Letta's shape: {"detail": ...}.
+
+An unexpected exception never shows its text to the tenant (it may name internal hosts, paths, SQL): the
+answer is a plain 500 with an `error_id`, and the log has that id with the exception and its traceback.
+"""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
+from django.core.signals import got_request_exception
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from apps.agents.agent_file import AgentFileTooLarge
 from apps.agents.errors import PendingApproval
+from apps.agents.services import MaxStepsExceeded
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+
+logger = logging.getLogger(__name__)
 
 STATUS_FOR: dict[type[DomainError], int] = {
     NotFound: status.HTTP_404_NOT_FOUND,
@@ -17,6 +28,8 @@ STATUS_FOR: dict[type[DomainError], int] = {
     Conflict: status.HTTP_409_CONFLICT,
     # A caller without the role sees the same as a caller from elsewhere: nothing leaks.
     PermissionDenied: status.HTTP_404_NOT_FOUND,
+    AgentFileTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    MaxStepsExceeded: status.HTTP_422_UNPROCESSABLE_ENTITY,  # a request field out of range, as Letta's 422s
 }
 
 
@@ -51,6 +64,37 @@ def pending_approval_response(exc: PendingApproval) -> Response:
     return response
 
 
+def new_error_id() -> str:
+    return uuid.uuid4().hex
+
+
+def log_internal_error(event: str, exc: BaseException, **extra: Any) -> str:
+    """Log an unexpected exception with its traceback under a new error id (also in the message, since
+    the log format shows no extras); returns the id, the one thing about it a tenant may see."""
+    error_id = new_error_id()
+    logger.error(
+        "%s error_id=%s",
+        event,
+        error_id,
+        exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"error_id": error_id, **extra},
+    )
+    return error_id
+
+
+def internal_error_body(error_id: str) -> dict[str, str]:
+    return {"detail": f"Internal server error (error_id: {error_id})", "error_id": error_id}
+
+
+def internal_error_response(exc: BaseException, request: Any = None) -> Response:
+    """500 in Letta's shape for an exception no handler knows, logged with its error id."""
+    error_id = log_internal_error("api.internal_error", exc, path=getattr(request, "path", None))
+    if request is not None:
+        # What Django does for an uncaught exception (error reporting hooks, the test client's re-raise).
+        got_request_exception.send(sender=None, request=getattr(request, "_request", request))
+    return Response(internal_error_body(error_id), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, PendingApproval):
         return pending_approval_response(exc)
@@ -67,4 +111,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response = Response({"detail": str(exc.detail)}, status=status.HTTP_401_UNAUTHORIZED)
         response["WWW-Authenticate"] = "Bearer"
         return response
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is None:  # not an APIException, Http404 or PermissionDenied: unexpected
+        return internal_error_response(exc, context.get("request"))
+    return response

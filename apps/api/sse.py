@@ -8,7 +8,9 @@ per message, and the complete versions of what was streamed are not sent again. 
 seq_id>` gets exactly what it missed. The stream ends with stop_reason, usage_statistics, an
 `event: error` for a failed run (the SDK raises it), and `data: [DONE]`.
 
-Views stay thin: they build a StreamOptions and return `sse_response(request, run_sse(...))`.
+Views stay thin: they build a StreamOptions and return `sse_response(request, run_sse(...))`. A stream
+holds one of its user's slots (apps.api.throttles.require_stream_slot) while open: refreshed while it
+follows the run, released when it ends or the client goes away (closing the response).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +31,8 @@ from django.http import HttpRequest, StreamingHttpResponse
 from apps.agents import selectors as agent_selectors
 from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Run
+from apps.api.errors import log_internal_error
+from apps.api.throttles import StreamSlot
 from apps.core.actor import Actor
 from apps.core.db import release_pooled_connection
 from apps.streams.events import START, follow_events, read_events
@@ -187,23 +191,76 @@ class _TerminalWatch:
         return self.silent_polls >= TERMINAL_GRACE_POLLS
 
 
+class HeldStream:
+    """SSE bytes holding a stream slot: released when they end or are closed, even unstarted (a client
+    gone before the first byte), which a generator's own `finally` would not see."""
+
+    def __init__(self, chunks: Iterator[bytes], slot: StreamSlot) -> None:
+        self.chunks, self.slot = chunks, slot
+
+    def __iter__(self) -> HeldStream:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self.chunks)
+        except BaseException:  # the end, or a failure: either way the stream is over
+            self.slot.release()
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.slot.release()
+
+
 def run_sse(
-    *, actor: Actor, run_id: str, options: StreamOptions, timeout_s: float | None = None
+    *,
+    actor: Actor,
+    run_id: str,
+    options: StreamOptions,
+    timeout_s: float | None = None,
+    slot: StreamSlot | None = None,
 ) -> Iterator[bytes]:
     """The run's events as SSE bytes: replayed from the start (skipping what the client already has),
     then followed live, with pings while idle; always ends with [DONE], also when reading fails midway
-    (then after an `event: error`, since the HTTP status is long gone)."""
+    (then after an `event: error`, since the HTTP status is long gone). With a slot, the stream holds it
+    while open."""
+    chunks = _run_sse_or_error(
+        actor=actor,
+        run_id=run_id,
+        options=options,
+        timeout_s=timeout_s,
+        keepalive=slot.refresh if slot else None,
+    )
+    return chunks if slot is None else HeldStream(chunks, slot)
+
+
+def _run_sse_or_error(
+    *,
+    actor: Actor,
+    run_id: str,
+    options: StreamOptions,
+    timeout_s: float | None,
+    keepalive: Callable[[], None] | None,
+) -> Iterator[bytes]:
     try:
-        yield from _run_sse(actor=actor, run_id=run_id, options=options, timeout_s=timeout_s)
+        yield from _run_sse(
+            actor=actor, run_id=run_id, options=options, timeout_s=timeout_s, keepalive=keepalive
+        )
     except Exception as exc:
-        logger.exception("api.sse_failed", extra={"run_id": run_id})
+        error_id = log_internal_error("api.sse_failed", exc, run_id=run_id)
         yield encode_error(
             {
                 "message_type": "error_message",
                 "run_id": run_id,
                 "error_type": "internal_error",
                 "message": "The event stream failed; the run itself may still be going.",
-                "detail": f"{type(exc).__name__}: {exc}",
+                "detail": f"Internal server error (error_id: {error_id})",
+                "error_id": error_id,
                 "seq_id": None,
             }
         )
@@ -211,7 +268,12 @@ def run_sse(
 
 
 def _run_sse(
-    *, actor: Actor, run_id: str, options: StreamOptions, timeout_s: float | None
+    *,
+    actor: Actor,
+    run_id: str,
+    options: StreamOptions,
+    timeout_s: float | None,
+    keepalive: Callable[[], None] | None = None,
 ) -> Iterator[bytes]:
     if not read_events(run_id, after=START, count=1):
         run = agent_selectors.run_get(actor=actor, run_id=run_id)
@@ -226,6 +288,8 @@ def _run_sse(
     timeout_s = timeout_s or FOLLOW_TIMEOUT_S
     release_pooled_connection()  # a long stream holds no pooled connection while it waits
     for event in follow_events(run_id, after=START, timeout_s=timeout_s, poll_ms=POLL_MS, on_idle=watch):
+        if keepalive is not None:
+            keepalive()  # the stream's slot (a Redis call at most every STREAM_SLOT_REFRESH_S)
         if event is None:
             if options.include_pings and time.monotonic() - last_output >= PING_INTERVAL_S:
                 last_output = time.monotonic()

@@ -1,12 +1,45 @@
-"""Django's ASGI handler, with the middleware chain and the view run as one synchronous call."""
+"""Django's ASGI handler, with the middleware chain and the view run as one synchronous call, and request
+bodies bounded (MAX_REQUEST_BODY_BYTES) before anything else runs: authentication, parsing, the view."""
 
 from __future__ import annotations
 
+import io
+import json
+import logging
+import tempfile
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from daphne import http_protocol
+from django.conf import settings
+from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpRequest, HttpResponseBase
+from twisted.web import http as twisted_http
+
+logger = logging.getLogger(__name__)
+
+LINGER_SECONDS = 5.0
+"""How long daphne keeps reading (and dropping) what a refused client still sends after its 413, so the
+client reads the answer instead of a connection reset; then the connection is closed."""
+
+
+class BodyTooLarge(Exception):
+    """A request body crossed MAX_REQUEST_BODY_BYTES while it was read."""
+
+
+def too_large_body(limit: int) -> bytes:
+    """The 413's JSON body, in the API's shape."""
+    message = f"Request body too large: the limit is {limit:,} bytes (MAX_REQUEST_BODY_BYTES)"
+    return json.dumps({"detail": message, "code": "request_body_too_large"}).encode()
+
+
+def declared_length(scope: dict[str, Any]) -> int | None:
+    """The request's Content-Length, when it has a valid one (ASGI header names are lowercase)."""
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 class SyncChainASGIHandler(ASGIHandler):
@@ -21,9 +54,127 @@ class SyncChainASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         super().__init__()
         self.load_middleware(is_async=False)
+        limit_daphne_request_bodies()
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """413 for a body past MAX_REQUEST_BODY_BYTES: by its Content-Length before any of it is read, else
+        as soon as the bytes received cross the limit (chunked bodies), with nothing kept."""
+        limit = settings.MAX_REQUEST_BODY_BYTES
+        declared = declared_length(scope)
+        if declared is not None and declared > limit:
+            await self.refuse_body(send, limit)
+            return
+        try:
+            await super().handle(scope, receive, send)
+        except BodyTooLarge:  # raised by read_body, before anything was sent
+            await self.refuse_body(send, limit)
+
+    async def read_body(self, receive: Any) -> Any:
+        """Django's (a temporary file that moves to disk past FILE_UPLOAD_MAX_MEMORY_SIZE), refusing a body
+        past MAX_REQUEST_BODY_BYTES before writing the chunk that crosses it."""
+        limit = settings.MAX_REQUEST_BODY_BYTES
+        # Closed here on every way out but the normal one, where the request owns it (as in Django).
+        body_file = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")  # noqa: SIM115
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                body_file.close()
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > limit:
+                body_file.close()
+                raise BodyTooLarge()
+            body_file.write(chunk)
+            if not message.get("more_body", False):
+                break
+        body_file.seek(0)
+        return body_file
+
+    @staticmethod
+    async def refuse_body(send: Any, limit: int) -> None:
+        body = too_large_body(limit)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),  # the rest of the body is never read
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         # The request's own thread (ASGIHandler gives each request a ThreadSensitiveContext), where its
         # database connection lives; the response is closed there too.
         response: Any = await sync_to_async(self.get_response, thread_sensitive=True)(request)
         return response
+
+
+class BoundedWebRequest(http_protocol.WebRequest):
+    """daphne's request, refusing a body past MAX_REQUEST_BODY_BYTES as it arrives. Twisted receives the
+    whole body (on disk past 100 KB) before daphne calls the application, so without this a 1 GB upload
+    would be stored before SyncChainASGIHandler saw its first byte. A Content-Length past the limit is
+    answered 413 before any of the body is read; a chunked body when it crosses the limit. What the client
+    still sends is dropped for LINGER_SECONDS (so that it reads the answer), then the connection closes."""
+
+    _refused = False
+    _received = 0
+    _linger: Any = None
+
+    def gotLength(self, length: int | None) -> None:
+        limit = settings.MAX_REQUEST_BODY_BYTES
+        if length is not None and length > limit:
+            self._refuse(limit)
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._received += len(data)
+        limit = settings.MAX_REQUEST_BODY_BYTES
+        if self._received > limit:
+            self.content.close()  # what was kept so far (an unlinked temporary file) goes now
+            self._refuse(limit)
+            return
+        super().handleContentChunk(data)
+
+    def process(self) -> Any:
+        if self._refused:  # the rest arrived after all: it was answered already
+            return None
+        return super().process()
+
+    def connectionLost(self, reason: Any) -> None:
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        super().connectionLost(reason)
+
+    def _refuse(self, limit: int) -> None:
+        self._refused = True
+        self.content = io.BytesIO()  # for Twisted, should the rest of the body arrive; nothing is kept
+        self.requestHeaders.removeHeader(b"expect")  # no "100 Continue" after the answer
+        channel = self.channel
+        logger.warning("Refused a request body over %d bytes from %s", limit, channel.transport.getPeer())
+        if not isinstance(channel, twisted_http.HTTPChannel):  # an HTTP/2 stream: just close it
+            channel.loseConnection()
+            return
+        body = too_large_body(limit)
+        channel.transport.write(
+            b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        channel.persistent = False
+        half_close = getattr(channel.transport, "loseWriteConnection", None)  # TCP; TLS has none
+        if half_close is None:
+            channel.loseConnection()
+            return
+        half_close()  # the answer, then FIN; reading (and dropping) goes on
+        self._linger = channel.callLater(LINGER_SECONDS, channel.loseConnection)
+
+
+def limit_daphne_request_bodies() -> None:
+    """Have daphne's HTTP/1 connections make BoundedWebRequests (its factory looks the class up in its module
+    for every connection). Idempotent; changes nothing for other ASGI servers, where the handler's own
+    check comes before the body is read."""
+    if not issubclass(http_protocol.WebRequest, BoundedWebRequest):
+        http_protocol.WebRequest = BoundedWebRequest

@@ -14,6 +14,10 @@ finishes reading a server-sent-event stream after its `[DONE]` line: the OpenAI 
 stream stops reading right there and closes the response, and an HTTP/1.1 response closed before its
 end costs its connection, so without this every streamed step would open a new (TLS) connection.
 
+Provider URLs an organisation chose never use those clients: `tenant_client()` (and, as litellm's
+`client=`, `tenant_litellm_handler()`) is behind the outbound guard (apps.core.outbound), follows no
+redirect and, like `client_session`, keeps no cookies (both are shared by every organisation).
+
 Imported on first use: `litellm` here is a stand-in that imports and configures the real module the
 first time an attribute is read. litellm costs ~155 MiB of memory and ~2 s to import, and the web
 process, which imports the agent loop for its services, rarely calls a provider (the workers do);
@@ -37,6 +41,8 @@ os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "true")
 
 import httpx
+
+from apps.core.outbound import GuardedTransport, guarded_client, no_cookies
 
 SSE_END = b"data: [DONE]"
 
@@ -78,8 +84,14 @@ class _SSEDrainingTransport(httpx.HTTPTransport):
         return response
 
 
+class _GuardedSSEDrainingTransport(_SSEDrainingTransport, GuardedTransport):
+    """The same, behind the outbound guard: for provider URLs an organisation chose."""
+
+
 _module: ModuleType | None = None
 _loading = threading.Lock()
+_tenant_client: httpx.Client | None = None
+_tenant_handler: Any = None
 
 
 def load() -> ModuleType:
@@ -108,16 +120,49 @@ def load() -> ModuleType:
 def _new_http_client() -> httpx.Client:
     from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
+    # No cookie jar: every organisation's calls share this client (a provider's cookies would ride along).
     return httpx.Client(
-        transport=_SSEDrainingTransport(verify=get_ssl_configuration()), follow_redirects=True
+        transport=_SSEDrainingTransport(verify=get_ssl_configuration()),
+        follow_redirects=True,
+        cookies=no_cookies(),
     )
+
+
+def tenant_client() -> httpx.Client:
+    """The HTTP client of calls to provider URLs an organisation chose (not the deployment's own):
+    behind the outbound guard (apps.core.outbound: public addresses or OUTBOUND_ALLOW only, checked at
+    connect time), no redirects, no cookies; streams drained like `client_session`'s."""
+    global _tenant_client
+    if _tenant_client is None:
+        load()  # configured, and the fork hook registered, before a client exists
+        from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
+
+        with _loading:
+            if _tenant_client is None:
+                _tenant_client = guarded_client(
+                    transport=_GuardedSSEDrainingTransport(verify=get_ssl_configuration())
+                )
+    return _tenant_client
+
+
+def tenant_litellm_handler() -> Any:
+    """`tenant_client` as the `client=` of a litellm call (its HTTPHandler), so that litellm's own
+    cached clients, which follow redirects and are unguarded, never carry a tenant's call."""
+    global _tenant_handler
+    if _tenant_handler is None:
+        from litellm.llms.custom_httpx.http_handler import HTTPHandler
+
+        _tenant_handler = HTTPHandler(client=tenant_client())
+    return _tenant_handler
 
 
 def _fresh_clients_after_fork() -> None:
     """A forked child (a Celery prefork worker) must not share its parent's sockets or pool locks:
     give it its own HTTP client and drop litellm's cached provider clients built on the old one."""
+    global _tenant_client, _tenant_handler
     module = load()
     module.client_session = _new_http_client()
+    _tenant_client = _tenant_handler = None
     cache = getattr(module, "in_memory_llm_clients_cache", None)
     if cache is not None and hasattr(cache, "flush_cache"):
         cache.flush_cache()
@@ -135,4 +180,4 @@ class _LazyLitellm:
 
 litellm: Any = _LazyLitellm()
 
-__all__ = ["litellm", "load"]
+__all__ = ["litellm", "load", "tenant_client", "tenant_litellm_handler"]

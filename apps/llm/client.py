@@ -7,13 +7,18 @@ every provider when LLM_CLIENT=litellm, go through `litellm.completion`.
 
 Client reuse: one httpx.Client (`litellm.client_session`, set up in apps.llm._litellm, which also
 keeps streamed connections reusable) carries the OpenAI-wire calls, and litellm's cached OpenAI SDK
-clients when it makes them; we pass the same `timeout` (RetryPolicy, from settings) and
-`max_retries=0` every time, so consecutive calls to one target, blocking or streamed, share one
-keep-alive connection. Anthropic calls go through litellm's own module-level httpx client.
+clients when it makes them; we pass the same `timeout` (RetryPolicy, from settings; cut to the time left
+near a call's deadline, apps.llm.retry) and `max_retries=0` every time, so consecutive calls to one
+target, blocking or streamed, share one keep-alive connection. Anthropic calls go through litellm's own
+module-level httpx client.
 
 Nothing but the target URL is contacted: apps.llm._litellm forces litellm offline, `api_base` and
 `api_key` are always explicit (litellm would otherwise read OPENAI_API_KEY / OPENAI_BASE_URL from the
 process environment and could send the deployment's key to an organisation's server).
+
+URLs an organisation chose (every provider URL but the deployment's own) go through
+`apps.llm._litellm.tenant_client()` (litellm: as its `client=`), behind the outbound guard, and their
+failures reach the caller summarised (`apps.llm.errors.told_to_tenant`: no body, no network detail).
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apps.llm import openai_wire
-from apps.llm._litellm import litellm
-from apps.llm.errors import InvalidLLMResponse
+from apps.llm._litellm import litellm, tenant_litellm_handler
+from apps.llm.errors import InvalidLLMResponse, told_to_tenant
 from apps.llm.handles import ModelTarget
 from apps.llm.openai_wire import KEYLESS_API_KEY
-from apps.llm.retry import RetryPolicy, call_with_retries
+from apps.llm.retry import CallBounds, CallGuard, RetryPolicy, call_with_retries, guarded
+from apps.llm.selectors import endpoint_for_tenants, is_deployment_endpoint
 from apps.llm.tokens import count_text_tokens, count_tokens
 
 __all__ = ["KEYLESS_API_KEY", "ChatRequest", "ChatResponse", "StreamDelta", "ToolCall", "complete", "stream"]
@@ -93,27 +99,42 @@ class StreamDelta:
     tool_name: str | None = None
 
 
-def complete(target: ModelTarget, request: ChatRequest, *, policy: RetryPolicy | None = None) -> ChatResponse:
-    """One blocking chat completion.
+def complete(
+    target: ModelTarget,
+    request: ChatRequest,
+    *,
+    policy: RetryPolicy | None = None,
+    bounds: CallBounds | None = None,
+) -> ChatResponse:
+    """One blocking chat completion, ended at `bounds` (by default LLM_CALL_DEADLINE, no cancellation).
 
-    Raises LLMApiError (after retrying transient failures), ContextWindowExceeded, InvalidLLMResponse.
+    Raises LLMApiError (after retrying transient failures; LLMDeadlineExceeded past the deadline),
+    ContextWindowExceeded, InvalidLLMResponse, LLMCallCancelled.
     """
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
         encoded, trace = _wire_request(target, request, policy, stream=False)
 
-        def send() -> dict[str, Any]:
-            return openai_wire.complete(target, encoded, timeout=policy.timeout)
+        def send(guard: CallGuard) -> dict[str, Any]:
+            timeout = guard.read_timeout(policy.timeout)
+            return openai_wire.complete(target, encoded, timeout=timeout, check=guard.check)
 
     else:
         kwargs = _call_kwargs(target, request, policy=policy, stream=False)
         trace = _trace(kwargs)
 
-        def send() -> dict[str, Any]:
-            return _dump(litellm.completion(**kwargs))
+        def send(guard: CallGuard) -> dict[str, Any]:
+            timeout = guard.read_timeout(policy.timeout, whole_seconds=True)
+            return _dump(litellm.completion(**{**kwargs, "timeout": timeout}))
 
     started = time.monotonic()
-    completion, attempts = call_with_retries(send, policy=policy, label=target.handle)
+    with (
+        told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
+        guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
+    ):
+        completion, attempts = call_with_retries(
+            lambda: send(guard), policy=policy, label=target.handle, guard=guard
+        )
     return _from_completion(
         target,
         request,
@@ -130,45 +151,57 @@ def stream(
     on_delta: Callable[[StreamDelta], None],
     *,
     policy: RetryPolicy | None = None,
+    bounds: CallBounds | None = None,
 ) -> ChatResponse:
     """A streamed chat completion: `on_delta` gets each piece in order; returns the assembled answer.
 
     A failure before the first delta is retried like `complete`; after it, the error is raised at once,
     because a retry would send the caller's listeners the same text twice. Exceptions raised by
-    `on_delta` propagate unchanged (and close the stream).
+    `on_delta` propagate unchanged (and close the stream). `bounds` as for `complete`: a stream that keeps
+    trickling still ends at the deadline.
     """
     policy = policy or RetryPolicy.from_settings()
     if openai_wire.handles(target):
         encoded, trace = _wire_request(target, request, policy, stream=True)
 
-        def chunks() -> AbstractContextManager[Iterator[dict[str, Any]]]:
-            return openai_wire.stream_chunks(target, encoded, timeout=policy.timeout)
+        def chunks(guard: CallGuard) -> AbstractContextManager[Iterator[dict[str, Any]]]:
+            return openai_wire.stream_chunks(target, encoded, timeout=guard.read_timeout(policy.timeout))
 
     else:
         kwargs = _call_kwargs(target, request, policy=policy, stream=True)
         trace = _trace(kwargs)
 
         @contextmanager
-        def chunks() -> Iterator[Iterator[dict[str, Any]]]:
-            with litellm.completion(**kwargs) as stream_response:
+        def chunks(guard: CallGuard) -> Iterator[Iterator[dict[str, Any]]]:
+            timeout = guard.read_timeout(policy.timeout, whole_seconds=True)
+            with litellm.completion(**{**kwargs, "timeout": timeout}) as stream_response:
                 yield (_dump(chunk) for chunk in stream_response)
 
     emitted = False
 
-    def attempt() -> _StreamAssembler:
+    def attempt(guard: CallGuard) -> _StreamAssembler:
         nonlocal emitted
         assembler = _StreamAssembler()
-        with chunks() as parsed_chunks:
+        with chunks(guard) as parsed_chunks:
             for chunk in parsed_chunks:
+                guard.check()  # between chunks: the deadline, a cancellation
                 for delta in assembler.add(chunk):
                     emitted = True
                     on_delta(delta)
         return assembler
 
     started = time.monotonic()
-    assembler, attempts = call_with_retries(
-        attempt, policy=policy, label=target.handle, retryable=lambda: not emitted
-    )
+    with (
+        told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
+        guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
+    ):
+        assembler, attempts = call_with_retries(
+            lambda: attempt(guard),
+            policy=policy,
+            label=target.handle,
+            retryable=lambda: not emitted,
+            guard=guard,
+        )
     return _from_completion(
         target,
         request,
@@ -212,7 +245,7 @@ def _wire_request(
         stream=stream,
     )
     encoded = openai_wire.encode(body, messages_json=request.messages_json)
-    extra = {"api_base": target.api_base, "timeout": policy.timeout}
+    extra = {"api_base": endpoint_for_tenants(target.api_base), "timeout": policy.timeout}
     trace = EncodedTrace({**body, **extra})
     trace.json_text = encoded[:-1] + "," + json.dumps(extra, ensure_ascii=False, separators=(",", ":"))[1:]
     return encoded, trace
@@ -233,6 +266,8 @@ def _call_kwargs(
         "num_retries": 0,
         "drop_params": True,
     }
+    if not is_deployment_endpoint(target.api_base):
+        kwargs["client"] = tenant_litellm_handler()  # guarded; litellm's own clients are not
     if request.tools:
         kwargs["tools"] = request.tools
         if request.tool_choice is not None:
@@ -250,9 +285,11 @@ def _call_kwargs(
 
 
 def _trace(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request as sent, minus credentials and our transport knobs."""
-    hidden = {"api_key", "max_retries", "num_retries", "drop_params"}
-    return {key: value for key, value in kwargs.items() if key not in hidden}
+    """The request as sent, minus credentials and our transport knobs; where it went as a tenant may see it."""
+    hidden = {"api_key", "max_retries", "num_retries", "drop_params", "client"}
+    trace = {key: value for key, value in kwargs.items() if key not in hidden}
+    trace["api_base"] = endpoint_for_tenants(kwargs.get("api_base"))
+    return trace
 
 
 def _dump(response: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Embeddings, batched, with the same retry policy and client reuse as chat calls: OpenAI-wire targets
-through apps.llm.openai_wire (unless LLM_CLIENT=litellm), others through litellm."""
+through apps.llm.openai_wire (unless LLM_CLIENT=litellm), others through litellm; URLs an organisation
+chose through the guarded client, their failures summarised, as in apps.llm.client."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 from django.conf import settings
 
 from apps.llm import openai_wire
-from apps.llm._litellm import litellm
+from apps.llm._litellm import litellm, tenant_client
 from apps.llm.client import KEYLESS_API_KEY
-from apps.llm.errors import InvalidLLMResponse
+from apps.llm.errors import InvalidLLMResponse, told_to_tenant
 from apps.llm.handles import EmbeddingTarget
 from apps.llm.retry import RetryPolicy, call_with_retries
+from apps.llm.selectors import is_deployment_endpoint
 
 DEFAULT_BATCH_SIZE = 100
 """Texts per request (setting LLM_EMBEDDING_BATCH_SIZE); well under OpenAI's 2048-input limit and
@@ -49,6 +51,8 @@ def embedding_dimension(target: EmbeddingTarget, *, policy: RetryPolicy | None =
 
 
 def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPolicy) -> list[list[float]]:
+    tenant_url = not is_deployment_endpoint(target.api_base)
+
     def send() -> Any:
         if openai_wire.handles(target):
             return openai_wire.embed(target, batch, timeout=policy.timeout)
@@ -60,10 +64,12 @@ def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPoli
             timeout=policy.timeout,
             max_retries=0,
             num_retries=0,
+            **({"client": _tenant_openai_client(target, policy)} if tenant_url else {}),
         )
         return getattr(response, "data", None)
 
-    data, _ = call_with_retries(send, policy=policy, label=target.handle)
+    with told_to_tenant(target.handle, applies=tenant_url):
+        data, _ = call_with_retries(send, policy=policy, label=target.handle)
     if not isinstance(data, list) or len(data) != len(batch):
         raise InvalidLLMResponse(
             f"{target.handle}: expected {len(batch)} embeddings, got {len(data) if isinstance(data, list) else 'none'}"
@@ -71,6 +77,20 @@ def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPoli
     ordered = sorted(data, key=lambda item: _field(item, "index") or 0)
     vectors = [_vector(target, _field(item, "embedding")) for item in ordered]
     return vectors
+
+
+def _tenant_openai_client(target: EmbeddingTarget, policy: RetryPolicy) -> Any:
+    """litellm embeds through the OpenAI SDK: for a URL an organisation chose, an SDK client on the
+    guarded HTTP client (litellm would otherwise build one on its unguarded, redirect-following one)."""
+    import openai
+
+    return openai.OpenAI(
+        api_key=target.api_key or KEYLESS_API_KEY,
+        base_url=target.api_base,
+        http_client=tenant_client(),
+        timeout=policy.timeout,
+        max_retries=0,
+    )
 
 
 def _field(item: Any, name: str) -> Any:

@@ -14,23 +14,25 @@ The messages are sent as the caller built them, without None-valued fields (as l
 servers reject `"name": null`). Provider errors surface as httpx errors, which apps.llm.retry
 classifies; a body that is not JSON raises InvalidLLMResponse, an error event inside a stream
 LLMApiError. Every call uses one pooled httpx client (`litellm.client_session`, apps.llm._litellm), so
-consecutive calls, blocking or streamed, share a keep-alive connection.
+consecutive calls, blocking or streamed, share a keep-alive connection; calls to a URL an organisation
+chose use `tenant_client()` instead, behind the outbound guard (apps.core.outbound).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 from django.conf import settings
 
-from apps.llm._litellm import litellm
+from apps.llm._litellm import litellm, tenant_client
 from apps.llm.errors import InvalidLLMResponse, LLMApiError
 from apps.llm.handles import EmbeddingTarget, ModelTarget
+from apps.llm.selectors import is_deployment_endpoint
 
 WIRE_PREFIX = "openai/"
 
@@ -102,12 +104,24 @@ def _compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def complete(target: ModelTarget, body: str, *, timeout: float) -> dict[str, Any]:
-    """One blocking call with an encoded body; the parsed completion. Raises httpx errors and
-    InvalidLLMResponse."""
-    response = _http().post(_url(target), content=body.encode(), headers=_headers(target), timeout=timeout)
-    response.raise_for_status()
-    return _json_object(target, response.content, "chat completion")
+def complete(
+    target: ModelTarget, body: str, *, timeout: float, check: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """One blocking call with an encoded body; the parsed completion. `check` runs between the pieces of
+    the body as they arrive (a deadline: a body that trickles in still ends there). Raises httpx errors
+    and InvalidLLMResponse."""
+    content = bytearray()
+    with _http(target).stream(
+        "POST", _url(target), content=body.encode(), headers=_headers(target), timeout=timeout
+    ) as response:
+        if response.is_error:
+            response.read()  # the error body, for the provider's message
+        response.raise_for_status()
+        for piece in response.iter_bytes():
+            if check is not None:
+                check()
+            content += piece
+    return _json_object(target, bytes(content), "chat completion")
 
 
 def embed(target: EmbeddingTarget, texts: list[str], *, timeout: float) -> Any:
@@ -115,7 +129,7 @@ def embed(target: EmbeddingTarget, texts: list[str], *, timeout: float) -> Any:
     litellm.embedding spent ~6.6 ms of CPU per call around a ~1 ms exchange."""
     body = encode({"model": target.litellm_model.removeprefix(WIRE_PREFIX), "input": texts})
     url = f"{(target.api_base or '').rstrip('/')}/embeddings"
-    response = _http().post(url, content=body.encode(), headers=_headers(target), timeout=timeout)
+    response = _http(target).post(url, content=body.encode(), headers=_headers(target), timeout=timeout)
     response.raise_for_status()
     return _json_object(target, response.content, "embedding response").get("data")
 
@@ -123,7 +137,7 @@ def embed(target: EmbeddingTarget, texts: list[str], *, timeout: float) -> Any:
 @contextmanager
 def stream_chunks(target: ModelTarget, body: str, *, timeout: float) -> Iterator[Iterator[dict[str, Any]]]:
     """A streamed call: yields an iterator of the parsed chunks, up to `data: [DONE]`."""
-    with _http().stream(
+    with _http(target).stream(
         "POST", _url(target), content=body.encode(), headers=_headers(target), timeout=timeout
     ) as response:
         if response.is_error:
@@ -228,5 +242,8 @@ def _headers(target: ModelTarget | EmbeddingTarget) -> dict[str, str]:
     }
 
 
-def _http() -> httpx.Client:
-    return litellm.client_session  # type: ignore[no-any-return]
+def _http(target: ModelTarget | EmbeddingTarget) -> httpx.Client:
+    """The deployment's providers: the shared client. URLs an organisation chose: the guarded one."""
+    if is_deployment_endpoint(target.api_base):
+        return litellm.client_session  # type: ignore[no-any-return]
+    return tenant_client()

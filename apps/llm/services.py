@@ -13,6 +13,7 @@ from django.db import IntegrityError, transaction
 
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput, PermissionDenied
+from apps.core.outbound import check_url
 from apps.llm.models import Provider
 from apps.llm.selectors import provider_get, provider_missing
 
@@ -26,8 +27,9 @@ def _require_manage(actor: Actor) -> None:
 
 
 def _check_base_url(url: str) -> None:
-    """http(s) with a host. Local names without a dot (`ollama`, `gpu-box`) are fine: model servers
-    often live on the same machine or network."""
+    """http(s) with a host the outbound guard lets tenants reach (apps.core.outbound: public addresses;
+    a model server on the same machine or network only when the operator allows it, OUTBOUND_ALLOW).
+    Raises InvalidInput (OutboundRefused) with the reason."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
@@ -35,6 +37,7 @@ def _check_base_url(url: str) -> None:
         raise InvalidInput(f"The base URL is not a valid URL: '{url}'.") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
         raise InvalidInput(f"The base URL must be an http:// or https:// URL, got '{url}'.")
+    check_url(url, what="The base URL")
 
 
 @transaction.atomic

@@ -59,6 +59,22 @@ def end_stream(run_id: str, *, status: str, stop_reason: str) -> str:
     return append_event(run_id, end_event(run_id, status=status, stop_reason=stop_reason))
 
 
+def cancel_key(run_id: str) -> str:
+    return f"run-cancel:{run_id}"
+
+
+def request_cancel(run_id: str) -> None:
+    """Tell the run's executor, wherever it is, that the run was cancelled: an LLM call it has in flight
+    checks this (apps.llm.retry.CallBounds) and ends within about a second. Between steps the loop reads
+    the run's status from the database instead."""
+    get_redis().set(cancel_key(run_id), "1", ex=STREAM_TTL_SECONDS)
+
+
+def cancel_requested(run_id: str) -> bool:
+    """Whether the run was cancelled (one Redis read, no SQL: an LLM call's watchdog asks twice a second)."""
+    return bool(get_redis().exists(cancel_key(run_id)))
+
+
 def read_events(
     run_id: str, *, after: str = START, block_ms: int | None = None, count: int = 500
 ) -> list[StreamEvent]:

@@ -6,7 +6,9 @@ Three parts, in the order of this file:
   driven synchronously (see `_run_sync`) under one overall timeout. A stdio server's command must be
   one the operator allows (MCP_STDIO_COMMANDS) and always runs in the local jail (apps/sandbox/jail.py:
   its own uid, no network at all, read-only /usr and MCP_STDIO_READ_PATHS, none of our environment);
-  servers elsewhere are reached over SSE or Streamable HTTP;
+  servers elsewhere are reached over SSE or Streamable HTTP, through the outbound guard
+  (apps.core.outbound: public addresses or the operator's OUTBOUND_ALLOW, checked when the URL is stored
+  and where each connection is made; no cookies; no metadata or hop-by-hop headers);
 * services and selectors for `MCPServer` rows (create, update, delete, sync the server's tools into
   `Tool` rows of type `external_mcp`), org-scoped like every other tenant model;
 * `run_mcp_tool` / `mcp_tool_execute`: what the agent loop and the run endpoint call; they never raise,
@@ -49,6 +51,7 @@ from mcp_types import CallToolResult
 
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.core.outbound import OutboundRefused, check_headers, check_url, guarded_async_client
 from apps.sandbox import jail
 from apps.tools.execution import ToolContext, ToolResult
 from apps.tools.models import MCPServer, Tool
@@ -271,7 +274,13 @@ def _transport(target: McpTarget, timeout: float, errlog: IO[str] | None) -> Tra
     if target.server_type == MCPServer.Type.SSE:
         return cast(
             Transport,
-            sse_client(target.url, headers=target.headers or None, timeout=timeout, sse_read_timeout=timeout),
+            sse_client(
+                target.url,
+                headers=target.headers or None,
+                timeout=timeout,
+                sse_read_timeout=timeout,
+                httpx_client_factory=guarded_async_client,
+            ),
         )
     return cast(Transport, _streamable_http(target.url, target.headers, timeout))
 
@@ -348,8 +357,10 @@ def _under(path: str, prefixes: list[str]) -> bool:
 
 @asynccontextmanager
 async def _streamable_http(url: str, headers: dict[str, str], seconds: float) -> AsyncIterator[Any]:
+    """Over the outbound guard's client (apps.core.outbound), as SSE: public addresses or the operator's
+    OUTBOUND_ALLOW only, no cookies; the SDK follows a redirect only within the URL's origin."""
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(seconds)) as http,
+        guarded_async_client(headers=headers, timeout=httpx2.Timeout(seconds)) as http,
         streamable_http_client(url, http_client=http) as streams,
     ):
         yield streams
@@ -368,10 +379,15 @@ def _describe_failure(exc: BaseException, target: McpTarget, timeout: float) -> 
         return f"the MCP server ({target.label}) did not answer within {timeout:g} s"
     if isinstance(first, OSError) and target.server_type == MCPServer.Type.STDIO:
         return f"cannot start the MCP server command '{target.command}': {first.strerror or first}"
+    if isinstance(first, OutboundRefused):
+        return f"the MCP server ({target.label}) may not be reached: {first.message}"
     if isinstance(first, httpx2.HTTPStatusError):
         return f"the MCP server ({target.label}) answered HTTP {first.response.status_code}"
+    # The network's own words (refused, reset, unreachable) would map ports for whoever chose the URL.
+    if isinstance(first, httpx2.ConnectError | httpx2.ConnectTimeout):
+        return f"cannot reach the MCP server ({target.label})"
     if isinstance(first, httpx2.TransportError):
-        return f"cannot reach the MCP server ({target.label}): {type(first).__name__}: {first}"
+        return f"the connection to the MCP server ({target.label}) failed"
     if isinstance(first, MCPError):
         return f"the MCP server ({target.label}) failed: {first}"
     return f"the MCP server ({target.label}) failed: {type(first).__name__}: {first}"
@@ -447,6 +463,8 @@ def _check_stdio_allowed(command: str) -> None:
 def _check_target(target: McpTarget) -> None:
     if target.server_type == MCPServer.Type.STDIO:
         _check_stdio_allowed(target.command)
+    else:
+        check_headers(target.headers)  # rows stored before the rule; the address is checked on connect
 
 
 # --- selectors --------------------------------------------------------------------------------------------
@@ -532,9 +550,11 @@ def _require_manager(actor: Actor) -> None:
 
 
 def _validated_url(url: str) -> str:
+    """http(s) to a host the outbound guard lets tenants reach (apps.core.outbound). Raises InvalidInput."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidInput(f"server_url must be an http:// or https:// URL, got '{url}'")
+    check_url(url, what="server_url")
     return url
 
 
@@ -622,6 +642,7 @@ def _apply_config(server: MCPServer, *, server_type: str, **fields: Any) -> None
         server.auth_header = (fields.get("auth_header") or "").strip()
         server.auth_token = fields.get("auth_token") or ""
         server.custom_headers = fields.get("custom_headers")
+        check_headers([*(server.custom_headers or {}), *([server.auth_header] if server.auth_header else [])])
         server.command, server.args, server.env = "", [], None
 
 

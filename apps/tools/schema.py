@@ -272,7 +272,11 @@ _SECTION = re.compile(
 )
 _ARG_SECTIONS = frozenset({"Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments"})
 _RETURN_SECTIONS = frozenset({"Returns", "Return", "Yields", "Yield"})
-_ENTRY = re.compile(r"^\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:(?P<text>.*)$")
+_ENTRY = re.compile(r"\*{0,2}(?P<name>\w++)\s*+(?:\([^)]*+\)\s*+)?:(?P<text>.*)")
+"""`name (type): text` or `name: text`. Linear in the line: no two quantifiers can share characters, and
+none gives any back (possessive). The pattern it replaces, `\\w+\\s*(?:\\([^)]*\\))?\\s*:`, tried every split
+of a run of blanks between two `\\s*` when no colon followed, so one such line of source cost the square of
+its length while holding the GIL: 80 KB froze the web process for 11 s (issue 16)."""
 
 
 def parse_google_docstring(text: str) -> Docstring:

@@ -4,6 +4,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from apps.core.actor import Actor
@@ -56,6 +57,25 @@ class ToolNameConflict(Conflict):
     code = "tool_name_conflict"
 
 
+class ToolSourceTooLarge(ToolSchemaError):
+    """Source past TOOL_SOURCE_MAX_BYTES: refused before it is parsed (a 400; the ADE shows the message)."""
+
+    code = "tool_source_too_large"
+
+
+def check_source_size(source_code: object) -> None:
+    """Raise ToolSourceTooLarge for source longer than TOOL_SOURCE_MAX_BYTES (UTF-8). Every way source
+    enters (API, agent files, the ADE's editor and preview) passes here before anything parses it."""
+    if not isinstance(source_code, str):
+        return
+    limit = settings.TOOL_SOURCE_MAX_BYTES
+    size = len(source_code.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ToolSourceTooLarge(
+            f"tool source is {size:,} bytes; the limit is {limit:,} bytes (TOOL_SOURCE_MAX_BYTES)"
+        )
+
+
 def is_builtin_tool(tool: Tool) -> bool:
     """A server-defined tool: a `letta_*` tool type, or a name the server reserves for one."""
     return tool.tool_type.startswith(LETTA_TOOL_TYPE_PREFIX) or tool.name in BUILTIN_TOOLS
@@ -88,6 +108,7 @@ def build_tool_schema(
 
     Raises ToolSchemaError with the generator's message (e.g. a parameter missing from the docstring).
     """
+    check_source_size(source_code)
     if source_type not in SOURCE_TYPES:
         raise ToolSchemaError(f"source_type must be one of {', '.join(SOURCE_TYPES)}, got '{source_type}'")
     if json_schema is not None:
@@ -351,6 +372,7 @@ def tool_run(
             )
         source, function, limit = tool.source_code, tool.name, tool.return_char_limit
     elif source_code is not None:
+        check_source_size(source_code)
         functions = _top_level_functions(source_code)
         function = name or (functions[-1] if functions else "")
         if function not in functions:

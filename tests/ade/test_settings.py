@@ -163,7 +163,8 @@ def test_the_key_is_in_no_page_after_it_was_added(owner_client):
         assert SECRET not in response.content.decode(), path
 
 
-def test_an_ollama_url_is_enough_and_shown(owner_client, actor):
+def test_an_ollama_url_is_enough_and_shown(owner_client, actor, settings):
+    settings.OUTBOUND_ALLOW = ["gpu-box:11434"]  # a private model server, opened by the operator
     response = add_provider(
         owner_client, provider_type="ollama", name="ollama", api_key="", base_url="http://gpu-box:11434"
     )

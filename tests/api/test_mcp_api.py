@@ -14,11 +14,13 @@ from rest_framework.test import APIClient
 from apps.accounts.models import User
 from apps.accounts.services import api_key_create
 from apps.agents.models import AgentTool
+from apps.core import outbound
 from apps.core.actor import Actor, Role
 from apps.tools.mcp import mcp_server_create, mcp_tool_register
 from apps.tools.models import MCPServer, Tool
 from tests.factories import AgentFactory
 from tests.support.mcp_server import McpHttpServer, stdio_launch
+from tests.support.outbound import ConnectionRecorder, FakeResolver, loopback_only
 
 LAUNCH = stdio_launch()
 PYTHON = LAUNCH.command
@@ -31,6 +33,17 @@ def _stdio_allowed(settings):  # type: ignore[no-untyped-def]
     """The operator allows the test server's interpreter and binds what it needs into the jail."""
     settings.MCP_STDIO_COMMANDS = [PYTHON]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
+
+
+@pytest.fixture(autouse=True)
+def _outbound(settings, monkeypatch):  # type: ignore[no-untyped-def]
+    """The test servers listen on 127.0.0.1, which the operator opens (OUTBOUND_ALLOW); the example.com
+    servers are only stored (named in the allow-list, so never looked up; a connection would go to
+    loopback); nothing may leave loopback."""
+    settings.OUTBOUND_ALLOW = ["127.0.0.1", "mcp.example.com", "other.example.com"]
+    names = {"mcp.example.com": ["127.0.0.1"], "other.example.com": ["127.0.0.1"]}
+    monkeypatch.setattr(outbound, "resolve", FakeResolver(names))
+    loopback_only(monkeypatch)
 
 
 def stdio_server(actor: Actor, name: str = "local", *, register_tools: bool = False) -> MCPServer:
@@ -170,6 +183,71 @@ def test_a_url_that_is_not_http_is_400(actor, api_client_for):
     assert (
         response.json()["detail"] == "server_url must be an http:// or https:// URL, got 'file:///etc/passwd'"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://169.254.169.254/computeMetadata/v1/", "169.254.169.254 is a cloud metadata address"),
+        ("http://10.0.0.8:8080/mcp", "10.0.0.8 is a private (RFC 1918) address"),
+        ("http://[fd00:ec2::254]/mcp", "fd00:ec2::254 is a cloud metadata address"),
+    ],
+)
+def test_a_server_url_that_is_not_public_is_400_with_the_reason(actor, api_client_for, url, reason):
+    body = {"server_name": "x", "config": {"mcp_server_type": "sse", "server_url": url}}
+
+    response = api_client_for(actor).post("/v1/mcp-servers/", body, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        f"server_url is not allowed: {reason}. Only public addresses can be reached; the operator can "
+        "allow a private server with OUTBOUND_ALLOW."
+    )
+    assert MCPServer.objects.for_actor(actor).count() == 0
+
+
+def test_the_web_process_connects_to_nothing_it_refuses(actor, api_client_for, settings):
+    """Creating a server lists its tools at once: a refused URL is refused before that."""
+    settings.OUTBOUND_ALLOW = ["mcp.example.com"]  # not 127.0.0.1
+    client = api_client_for(actor)
+    with ConnectionRecorder() as platform:
+        created = client.post(
+            "/v1/mcp-servers/",
+            {
+                "server_name": "x",
+                "config": {"mcp_server_type": "streamable_http", "server_url": platform.url},
+            },
+            format="json",
+        )
+        server = http_server(actor, url="https://mcp.example.com/mcp")
+        updated = client.patch(
+            f"/v1/mcp-servers/{server.id}", {"config": {"server_url": f"{platform.url}/mcp"}}, format="json"
+        )
+
+    assert (created.status_code, updated.status_code) == (400, 400)
+    assert "127.0.0.1 is a loopback address" in updated.json()["detail"]
+    server.refresh_from_db()
+    assert server.server_url == "https://mcp.example.com/mcp"
+    assert platform.connections == []
+
+
+@pytest.mark.parametrize("header", ["Metadata-Flavor", "X-Google-Metadata-Request", "Proxy-Authorization"])
+def test_a_metadata_or_hop_by_hop_header_is_400(actor, api_client_for, header):
+    config = {
+        "mcp_server_type": "streamable_http",
+        "server_url": "https://mcp.example.com/mcp",
+        "custom_headers": {header: "Google"},
+    }
+
+    response = api_client_for(actor).post(
+        "/v1/mcp-servers/", {"server_name": "x", "config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        f"The header '{header}' is not allowed (metadata and hop-by-hop headers are the server's to set)."
+    )
+    assert MCPServer.objects.for_actor(actor).count() == 0
 
 
 def test_a_taken_name_is_409(actor, api_client_for):

@@ -781,3 +781,74 @@ def test_no_key_is_401_for_conversations(actor, method, path, body):
     response = getattr(APIClient(), method)(path.format(conversation=conversation.id), body, format="json")
 
     assert response.status_code == 401
+
+
+# --- max_steps is bounded (issue 16) ------------------------------------------------------------------------
+
+
+def send_async(client: APIClient, agent_id: str, **fields: Any) -> Any:
+    """An async send: the run is stored, and (outside a transactional test) never submitted."""
+    return client.post(f"/v1/agents/{agent_id}/messages/async", {**user("work"), **fields}, format="json")
+
+
+def stored_max_steps(actor: Actor) -> list[int]:
+    return [run.request_config["max_steps"] for run in Run.objects.for_actor(actor).order_by("created_at")]
+
+
+@pytest.mark.django_db
+def test_the_default_send_and_max_steps_up_to_the_limit_pass(client, actor):
+    agent = new_agent(actor)
+
+    default = send_async(client, agent.id)
+    lettas_default = send_async(client, agent.id, max_steps=50)
+    at_the_limit = send_async(client, agent.id, max_steps=100)
+
+    assert [default.status_code, lettas_default.status_code, at_the_limit.status_code] == [200, 200, 200]
+    assert stored_max_steps(actor) == [50, 50, 100]
+
+
+@pytest.mark.django_db
+def test_max_steps_over_the_limit_is_a_422_naming_the_field_and_the_limit(client, actor, settings):
+    agent = new_agent(actor)
+
+    over = send_async(client, agent.id, max_steps=101)
+    settings.MAX_STEPS_LIMIT = 20
+    over_a_lower_limit = client.post(
+        f"/v1/agents/{agent.id}/messages", {**user("work"), "max_steps": 21}, format="json"
+    )
+
+    assert over.status_code == 422
+    assert over.json() == {
+        "detail": "max_steps must be at most 100 (this organisation's step limit), got 101",
+        "code": "max_steps_exceeded",
+    }
+    assert over_a_lower_limit.status_code == 422
+    assert "at most 20" in over_a_lower_limit.json()["detail"]
+    assert stored_max_steps(actor) == []
+
+
+@pytest.mark.django_db
+def test_an_organisations_own_step_limit_replaces_the_deployments(client, actor, org):
+    agent = new_agent(actor)
+    org.max_steps_limit = 10
+    org.save(update_fields=["max_steps_limit"])
+
+    over = send_async(client, agent.id, max_steps=11)
+    default = send_async(client, agent.id)  # Letta's 50 would be over it: the run gets the limit instead
+    org.max_steps_limit = 500
+    org.save(update_fields=["max_steps_limit"])
+    above_the_deployments = send_async(client, agent.id, max_steps=300)
+
+    assert over.status_code == 422
+    assert over.json()["detail"] == "max_steps must be at most 10 (this organisation's step limit), got 11"
+    assert (default.status_code, above_the_deployments.status_code) == (200, 200)
+    assert stored_max_steps(actor) == [10, 300]
+
+
+@pytest.mark.django_db
+def test_an_organisations_step_limit_is_edited_in_the_admin(admin_client, org):
+    page = admin_client.get(f"/admin/accounts/organization/{org.id}/change/")
+    listing = admin_client.get("/admin/accounts/organization/")
+
+    assert 'name="max_steps_limit"' in page.content.decode()
+    assert "column-max_steps_limit" in listing.content.decode()

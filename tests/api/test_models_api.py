@@ -4,12 +4,15 @@ deployment's environment. Only loopback servers are contacted."""
 import socket
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
 from apps.agents import selectors as agent_selectors
+from apps.agents.services import agent_create
 from apps.llm.models import Provider
 from tests.factories import ProviderFactory
+from tests.support.outbound import loopback_only
 
 
 @pytest.fixture(autouse=True)
@@ -192,3 +195,71 @@ def test_the_embedding_route_is_not_mistaken_for_anything_else(actor, api_client
 
     assert {m["model_type"] for m in slash.json()} == {"embedding"}
     assert {m["model_type"] for m in plain.json()} == {"llm"}
+
+
+# --- no deployment hostname reaches a tenant ------------------------------------------------------------------
+
+
+def test_models_and_agent_state_never_show_the_deployments_llm_host(actor, api_client_for, llm, settings):
+    """The deployment's OPENAI_BASE_URL (the scripted server on 127.0.0.1) is internal: its model_endpoint
+    is null wherever a tenant reads it (Letta's field stays, optional)."""
+    client = api_client_for(actor)
+    agent = agent_create(
+        actor=actor, name="a", model="openai/scripted-chat", embedding="openai/text-embedding-3-small"
+    )
+
+    models = client.get("/v1/models/")
+    embeddings = client.get("/v1/models/embedding")
+    state = client.get(f"/v1/agents/{agent.id}")
+    states = client.get("/v1/agents/")
+
+    assert [(m["handle"], m["model_endpoint"]) for m in models.json()] == [("openai/scripted-chat", None)]
+    assert {m["embedding_endpoint"] for m in embeddings.json()} == {None}
+    assert state.json()["llm_config"]["model_endpoint"] is None
+    assert state.json()["embedding_config"]["embedding_endpoint"] is None
+    host = urlsplit(settings.OPENAI_BASE_URL).netloc
+    for response in (models, embeddings, state, states):
+        assert response.status_code == 200
+        assert host not in response.content.decode()
+
+
+def test_an_organisations_own_url_is_shown_to_it_without_credentials(
+    actor, api_client_for, llm, monkeypatch, refused_url
+):
+    loopback_only(monkeypatch)
+    with_credentials = refused_url.replace("http://", "http://user:s3cret@")
+    ProviderFactory(
+        organization_id=actor.organization_id,
+        name="local",
+        provider_type=Provider.Type.OPENAI_COMPATIBLE,
+        api_key="",
+        base_url=with_credentials,
+    )
+    agent = agent_create(actor=actor, name="a", model="local/qwen", embedding="openai/text-embedding-3-small")
+
+    state = api_client_for(actor).get(f"/v1/agents/{agent.id}")
+
+    assert state.json()["llm_config"]["model_endpoint"] == refused_url
+    assert "s3cret" not in state.content.decode()
+
+
+def test_a_stored_private_provider_url_is_never_listed_from(actor, api_client_for):
+    # A row stored before the outbound guard (or by hand): listing its models must not connect to it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        ProviderFactory(
+            organization_id=actor.organization_id,
+            name="inside",
+            provider_type=Provider.Type.OPENAI_COMPATIBLE,
+            api_key="",
+            base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+        )
+
+        chat = api_client_for(actor).get("/v1/models/")
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+    assert chat.status_code == 200
+    assert not [m for m in chat.json() if m["handle"].startswith("inside/")]

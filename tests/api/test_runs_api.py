@@ -246,7 +246,7 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event(client, actor, fast
 
     assert events[0][0] == "error"
     assert events[0][1]["error_type"] == "internal_error"
-    assert events[0][1]["detail"] == "ConnectionError: redis went away"
+    assert events[0][1]["detail"] == f"Internal server error (error_id: {events[0][1]['error_id']})"
     assert events[1] == (None, "[DONE]")
 
 

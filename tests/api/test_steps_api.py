@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.db import connection
@@ -13,6 +14,8 @@ from apps.agents.models import Agent, Run, Step, pack_trace
 from apps.core.actor import Actor
 from tests.api.test_messages_api import AUTH_QUERIES, new_agent, types
 from tests.factories import MessageFactory
+from tests.support.outbound import loopback_only
+from tests.support.scripted_llm import text
 
 
 @pytest.fixture
@@ -188,3 +191,47 @@ def test_another_organisations_step_list_is_empty(api_client_for, actor, other_o
     make_step(actor, new_agent(actor))
 
     assert api_client_for(other_org_actor).get("/v1/steps/").json() == []
+
+
+# --- no deployment hostname reaches a tenant ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_step_and_its_trace_never_show_the_deployments_llm_host(client, make_agent, send, llm, settings):
+    agent = make_agent()
+    llm.push(text("Hello"))
+    step = Step.all_objects.get(run=send(agent, "hi").run)
+
+    body = client.get(f"/v1/steps/{step.id}")
+    trace = client.get(f"/v1/steps/{step.id}/trace")
+    listed = client.get("/v1/steps/", {"agent_id": agent.id})
+
+    assert body.json()["model_endpoint"] is None
+    assert trace.json()["request_json"]["api_base"] is None
+    assert trace.json()["request_json"]["messages"]  # the rest of the request is there
+    host = urlsplit(settings.OPENAI_BASE_URL).netloc
+    for response in (body, trace, listed):
+        assert host not in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_steps_stored_before_the_rule_are_shown_without_the_deployments_host(
+    client, actor, settings, monkeypatch
+):
+    loopback_only(monkeypatch)  # nothing here may try to reach the made-up deployment host
+    settings.OPENAI_BASE_URL = "http://llm.internal.example:8000/v1"
+    agent = new_agent(actor)
+    deployment = make_step(
+        actor,
+        agent,
+        model_endpoint=settings.OPENAI_BASE_URL,
+        trace=pack_trace({"api_base": settings.OPENAI_BASE_URL, "messages": []}, {"choices": []}),
+    )
+    public = make_step(actor, agent, model_endpoint="https://api.openai.com/v1")
+    own = make_step(actor, agent, model_endpoint="https://user:s3cret@llm.example.org/v1")
+
+    trace = client.get(f"/v1/steps/{deployment.id}/trace").json()
+    endpoints = [client.get(f"/v1/steps/{s.id}").json()["model_endpoint"] for s in (deployment, public, own)]
+
+    assert trace["request_json"] == {"api_base": None, "messages": []}
+    assert endpoints == [None, "https://api.openai.com/v1", "https://llm.example.org/v1"]

@@ -100,3 +100,65 @@ def test_a_stream_sends_each_event_as_it_comes(actor, fast_streams):
     assert status == 200
     assert first.id.encode() in before_the_end
     assert rest.endswith(b"data: [DONE]\n\n")
+
+
+# --- request bodies are bounded before anything reads them (issue 16) -------------------------------------
+
+
+async def answer(app: ApplicationCommunicator) -> tuple[int, dict[bytes, bytes], bytes]:
+    start = await app.receive_output(timeout=10)
+    body = b""
+    while True:
+        message = await app.receive_output(timeout=10)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return start["status"], dict(start["headers"]), body
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_any_of_it_is_read(settings):
+    settings.MAX_REQUEST_BODY_BYTES = 1000
+
+    async def post() -> tuple[int, dict[bytes, bytes], bytes]:
+        # No body is ever sent: the answer must come from the Content-Length alone.
+        app = ApplicationCommunicator(
+            application, scope("POST", "/v1/tools/", {"content-length": str(10**9)})
+        )
+        return await answer(app)
+
+    status, headers, body = async_to_sync(post)()
+
+    assert status == 413
+    assert headers[b"connection"] == b"close"
+    assert (
+        json.loads(body)["detail"]
+        == "Request body too large: the limit is 1,000 bytes (MAX_REQUEST_BODY_BYTES)"
+    )
+
+
+def test_a_streamed_body_is_refused_when_it_crosses_the_limit(settings):
+    settings.MAX_REQUEST_BODY_BYTES = 1000
+
+    async def post() -> tuple[int, dict[bytes, bytes], bytes]:
+        app = ApplicationCommunicator(application, scope("POST", "/v1/tools/"))
+        for _ in range(3):
+            await app.send_input({"type": "http.request", "body": b"x" * 400, "more_body": True})
+        return await answer(app)  # answered without waiting for the end of the body
+
+    status, _, body = async_to_sync(post)()
+
+    assert status == 413
+    assert "MAX_REQUEST_BODY_BYTES" in json.loads(body)["detail"]
+
+
+def test_a_body_of_exactly_the_limit_is_served(settings):
+    settings.MAX_REQUEST_BODY_BYTES = 1000
+
+    async def get() -> tuple[int, dict[bytes, bytes], bytes]:
+        app = ApplicationCommunicator(application, scope("GET", "/v1/health/", {"content-length": "1000"}))
+        await app.send_input({"type": "http.request", "body": b"x" * 600, "more_body": True})
+        await app.send_input({"type": "http.request", "body": b"x" * 400, "more_body": False})
+        return await answer(app)
+
+    status, _, body = async_to_sync(get)()
+
+    assert (status, json.loads(body)["status"]) == (200, "ok")

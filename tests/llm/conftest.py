@@ -66,6 +66,13 @@ def _fast_retries(settings) -> None:  # type: ignore[no-untyped-def]
     settings.LLM_REQUEST_TIMEOUT = 10.0
 
 
+@pytest.fixture
+def allow_loopback(settings) -> None:  # type: ignore[no-untyped-def]
+    """The operator opens 127.0.0.1 to organisations' providers (OUTBOUND_ALLOW), as for a model server
+    on the same host: tests whose organisation provider is a loopback test server need it."""
+    settings.OUTBOUND_ALLOW = ["127.0.0.1"]
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[ScriptedLLMServer]:
     with ScriptedLLMServer() as srv:

@@ -18,10 +18,18 @@ import httpx
 import pytest
 
 from apps.accounts.models import Organization
+from apps.llm._litellm import load as load_litellm
 from apps.llm.client import ChatRequest, ChatResponse, StreamDelta, ToolCall, complete, stream
-from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError
+from apps.llm.errors import (
+    ContextWindowExceeded,
+    InvalidLLMResponse,
+    LLMApiError,
+    LLMCallCancelled,
+    LLMDeadlineExceeded,
+)
 from apps.llm.handles import ModelTarget, resolve_model
 from apps.llm.models import Provider
+from apps.llm.retry import CallBounds, Deadline, read_timeout
 from tests.factories import ProviderFactory
 from tests.llm.conftest import MESSAGES
 from tests.support.scripted_llm import (
@@ -33,6 +41,7 @@ from tests.support.scripted_llm import (
     tool_call,
     tool_calls,
 )
+from tests.support.tarpit_llm import TarpitLLMServer
 
 TOOLS = [
     {
@@ -143,7 +152,7 @@ def test_complete_returns_text_usage_and_trace(
     assert response.raw["request"] == {
         "model": sent_model,
         "messages": MESSAGES,
-        "api_base": target.api_base,
+        "api_base": None,  # the deployment's own server: its URL is not for tenants to see
         "timeout": 10.0,
     }
     assert response.raw["response"]["choices"][0]["message"]["content"] == "Hello there!"
@@ -579,6 +588,7 @@ def test_missing_usage_is_estimated(
 
 def test_org_provider_credentials_reach_their_server_not_the_environments(
     settings,  # type: ignore[no-untyped-def]
+    allow_loopback: None,
     org: Organization,
     llm: ScriptedLLM,
     fresh_server: ScriptedLLMServer,
@@ -615,6 +625,7 @@ def test_keyless_server_never_gets_the_process_openai_key(
 
 def test_keyless_org_provider_never_gets_the_environment_key(
     settings,  # type: ignore[no-untyped-def]
+    allow_loopback: None,
     monkeypatch: pytest.MonkeyPatch,
     org: Organization,
     fresh_server: ScriptedLLMServer,
@@ -638,6 +649,7 @@ def test_keyless_org_provider_never_gets_the_environment_key(
 
 def test_org_compatible_provider_is_called_at_its_base_url(
     settings,  # type: ignore[no-untyped-def]
+    allow_loopback: None,
     org: Organization,
     fresh_server: ScriptedLLMServer,
 ) -> None:
@@ -719,3 +731,154 @@ def test_a_body_built_from_encoded_messages_is_the_body_encoded_whole():
     }
     with pytest.raises(ValueError, match="2 encoded messages for 3 messages"):
         openai_wire.encode(body, messages_json=["{}", "{}"])
+
+
+# -- bounds: a deadline per call, cancellation in flight (tests/support/tarpit_llm.py) ----------------------
+
+DEADLINE = 1.5
+MARGIN = 0.7
+"""How late past its deadline a call may end: the watchdog's period, thread hops, a loaded machine."""
+
+
+@pytest.fixture(scope="module")
+def tarpit_server() -> Iterator[TarpitLLMServer]:
+    with TarpitLLMServer(interval=0.2) as server:
+        yield server
+
+
+@pytest.fixture
+def tarpit(
+    settings, tarpit_server: TarpitLLMServer, org: Organization
+) -> tuple[TarpitLLMServer, ModelTarget]:  # type: ignore[no-untyped-def]
+    """The tarpit as the deployment's OpenAI-compatible server; a call may last DEADLINE seconds, and each
+    read 0.5 s, which every trickled byte (one per 0.2 s) beats."""
+    load_litellm()  # imported before the clock starts (a first import takes seconds)
+    tarpit_server.reset()
+    settings.OPENAI_BASE_URL = tarpit_server.url
+    settings.OPENAI_API_KEY = "sk-env"
+    settings.LLM_CALL_DEADLINE = DEADLINE
+    settings.LLM_REQUEST_TIMEOUT = 0.5
+    return tarpit_server, resolve_model("openai/scripted-chat", organization_id=org.id)
+
+
+def _call(target: ModelTarget, *, streamed: bool, **options: Any) -> ChatResponse:
+    if streamed:
+        return stream(target, ChatRequest(messages=MESSAGES), lambda delta: None, **options)
+    return complete(target, ChatRequest(messages=MESSAGES), **options)
+
+
+def test_a_stream_that_trickles_ends_at_the_call_deadline_and_hangs_up(
+    tarpit: tuple[TarpitLLMServer, ModelTarget],
+) -> None:
+    server, target = tarpit
+    started = time.monotonic()
+
+    with pytest.raises(LLMDeadlineExceeded) as info:
+        stream(target, ChatRequest(messages=MESSAGES), lambda delta: None)
+
+    assert DEADLINE <= time.monotonic() - started < DEADLINE + MARGIN
+    assert (
+        info.value.message
+        == "openai/scripted-chat: the model did not answer within 1.5 s (LLM_CALL_DEADLINE)"
+    )
+    assert (info.value.code, info.value.status, info.value.attempts) == ("llm_api_error", None, 1)
+    [request] = server.chat_requests()  # a deadline is not retried
+    assert request.streamed
+    assert request.bytes_sent >= 4  # no read waited its whole timeout: only the deadline ended the call
+    assert server.wait_for_hangup(request) - started < DEADLINE + MARGIN
+
+
+def test_a_blocking_body_that_trickles_ends_at_the_call_deadline_and_hangs_up(
+    tarpit: tuple[TarpitLLMServer, ModelTarget],
+) -> None:
+    server, target = tarpit
+    started = time.monotonic()
+
+    with pytest.raises(LLMDeadlineExceeded, match=r"did not answer within 1\.5 s"):
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert DEADLINE <= time.monotonic() - started < DEADLINE + MARGIN
+    [request] = server.chat_requests()
+    assert not request.streamed
+    assert request.bytes_sent >= 4
+    assert server.wait_for_hangup(request) - started < DEADLINE + MARGIN
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_server_that_never_answers_fails_at_the_deadline_not_at_the_read_timeout(
+    settings,  # type: ignore[no-untyped-def]
+    tarpit: tuple[TarpitLLMServer, ModelTarget],
+    streamed: bool,
+) -> None:
+    server, target = tarpit
+    server.set_mode("silent")
+    settings.LLM_REQUEST_TIMEOUT = 30.0
+    started = time.monotonic()
+
+    with pytest.raises(LLMDeadlineExceeded):
+        _call(target, streamed=streamed)
+
+    assert time.monotonic() - started < DEADLINE + MARGIN
+    [request] = server.chat_requests()
+    assert server.wait_for_hangup(request) - started < DEADLINE + MARGIN
+
+
+def test_a_retry_never_waits_past_the_deadline(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+    settings.LLM_CALL_DEADLINE = 2.0
+    settings.LLM_RETRY_MAX_DELAY = 60.0
+    llm.push(error(503, "overloaded", headers={"retry-after": "30"}), text("too late"))
+    started = time.monotonic()
+
+    with pytest.raises(LLMDeadlineExceeded) as info:
+        complete(target, ChatRequest(messages=MESSAGES))
+
+    assert time.monotonic() - started < 1.0  # failed at once rather than sleeping into the deadline
+    assert info.value.message.startswith("openai/scripted-chat: the model did not answer within 2 s")
+    assert "(last failure: openai/scripted-chat: provider answered HTTP 503" in info.value.message
+    assert len(llm.chat_requests()) == 1
+
+
+@pytest.mark.parametrize("mode", ["trickle", "silent"])
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_cancelled_call_ends_within_a_second_and_hangs_up(
+    settings,  # type: ignore[no-untyped-def]
+    tarpit: tuple[TarpitLLMServer, ModelTarget],
+    mode: str,
+    streamed: bool,
+) -> None:
+    server, target = tarpit
+    server.set_mode(mode)
+    settings.LLM_CALL_DEADLINE = 60.0
+    settings.LLM_REQUEST_TIMEOUT = 30.0  # a silent server's headers would time out first
+    cancelled = threading.Event()
+    threading.Timer(0.5, cancelled.set).start()
+    bounds = CallBounds.from_settings(cancelled=cancelled.is_set)
+    started = time.monotonic()
+
+    with pytest.raises(LLMCallCancelled, match="openai/scripted-chat: the call was cancelled"):
+        _call(target, streamed=streamed, bounds=bounds)
+
+    assert time.monotonic() - started < 0.5 + 1.0
+    [request] = server.chat_requests()
+    assert server.wait_for_hangup(request) - started < 0.5 + 1.0
+
+
+def test_a_call_is_bounded_by_the_earlier_of_its_own_deadline_and_the_callers(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LLM_CALL_DEADLINE = 300.0
+    soon = Deadline.after(5.0, "the run did not finish within 5 s (RUN_DEADLINE)")
+    late = Deadline.after(900.0, "the run did not finish within 900 s (RUN_DEADLINE)")
+
+    assert CallBounds.from_settings(within=soon).deadline is soon
+    assert CallBounds.from_settings(within=late).deadline.reason == (
+        "the model did not answer within 300 s (LLM_CALL_DEADLINE)"
+    )
+    assert CallBounds.from_settings().deadline.remaining() == pytest.approx(300.0, abs=1.0)
+
+
+def test_a_read_timeout_is_cut_to_the_time_a_call_has_left() -> None:
+    assert read_timeout(120.0, 500.0) == 120.0
+    assert read_timeout(120.0, 5.25) == 5.25
+    assert read_timeout(120.0, -1.0) == 0.001  # past the deadline: the caller's check raises first
+    assert read_timeout(120.0, 5.25, whole_seconds=True) == 6.0  # litellm: few distinct timeouts
+    assert read_timeout(120.0, 500.0, whole_seconds=True) == 120.0
+    assert read_timeout(0.5, 0.2, whole_seconds=True) == 0.5

@@ -19,8 +19,10 @@ from django.db import connection
 from django.urls import reverse
 
 from apps.accounts.models import Organization
+from apps.core import outbound
 from apps.core.actor import Actor, Role
 from apps.core.errors import InvalidInput, PermissionDenied
+from apps.core.outbound import OutboundRefused
 from apps.sandbox import jail
 from apps.tools.execution import ToolContext
 from apps.tools.mcp import (
@@ -41,6 +43,7 @@ from apps.tools.mcp import (
 from apps.tools.models import MCPServer, Tool
 from tests.factories import ToolFactory
 from tests.support.mcp_server import McpHttpServer, free_port, stdio_launch
+from tests.support.outbound import ConnectionRecorder, FakeResolver, loopback_only
 from tests.support.scripted_llm import text, tool_call, tool_calls
 
 LAUNCH = stdio_launch()
@@ -60,6 +63,16 @@ def _stdio_allowed(settings):  # type: ignore[no-untyped-def]
     """The operator allows the test server's interpreter (and a missing command) and binds what it needs."""
     settings.MCP_STDIO_COMMANDS = [PYTHON, MISSING]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
+
+
+@pytest.fixture(autouse=True)
+def _outbound(settings, monkeypatch):  # type: ignore[no-untyped-def]
+    """The test servers listen on 127.0.0.1, which the operator opens (OUTBOUND_ALLOW); the example.com
+    servers are only stored (named in the allow-list, so never looked up; a connection would go to
+    loopback); nothing may leave loopback."""
+    settings.OUTBOUND_ALLOW = ["127.0.0.1", "mcp.example.com"]
+    monkeypatch.setattr(outbound, "resolve", FakeResolver({"mcp.example.com": ["127.0.0.1"]}))
+    loopback_only(monkeypatch)
 
 
 def stdio_server(actor: Actor, **fields: object) -> MCPServer:
@@ -256,9 +269,96 @@ def test_an_http_server_that_is_down_fails_fast_and_the_message_hides_the_path()
         fetch_tools(target, timeout=20)
 
     assert time.monotonic() - started < 5
-    assert caught.value.message == (
-        f"cannot reach the MCP server (http://127.0.0.1:{port}): ConnectError: All connection attempts failed"
+    assert caught.value.message == f"cannot reach the MCP server (http://127.0.0.1:{port})"
+
+
+# --- the outbound guard -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://169.254.169.254/mcp", "169.254.169.254 is a cloud metadata address"),
+        ("http://127.0.0.1:8283/mcp", "127.0.0.1 is a loopback address"),
+        ("http://[::1]:8283/mcp", "::1 is a loopback address"),
+        ("http://localhost:8283/mcp", "localhost resolves to a loopback address"),
+        ("https://mcp.corp.test/mcp", "mcp.corp.test resolves to a private (RFC 1918) address"),
+    ],
+)
+def test_a_server_url_the_guard_refuses_is_refused_when_stored(actor, settings, monkeypatch, url, reason):
+    settings.OUTBOUND_ALLOW = []
+    monkeypatch.setattr(
+        outbound, "resolve", FakeResolver({"localhost": ["127.0.0.1"], "mcp.corp.test": ["10.4.5.6"]})
     )
+
+    with pytest.raises(OutboundRefused) as refused:
+        mcp_server_create(
+            actor=actor,
+            server_name="remote",
+            server_type="streamable_http",
+            server_url=url,
+            register_tools=True,
+        )
+
+    assert refused.value.message.startswith(f"server_url is not allowed: {reason}.")
+    assert MCPServer.objects.for_actor(actor).count() == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "auth_header", "name"),
+    [
+        ({"Metadata-Flavor": "Google"}, "", "Metadata-Flavor"),
+        ({"X-aws-ec2-metadata-token": "t"}, "", "X-aws-ec2-metadata-token"),
+        ({"Proxy-Authorization": "Basic eA=="}, "", "Proxy-Authorization"),
+        ({"Transfer-Encoding": "chunked"}, "", "Transfer-Encoding"),
+        ({}, "Host", "Host"),
+    ],
+)
+def test_metadata_and_hop_by_hop_headers_are_refused_when_stored(actor, headers, auth_header, name):
+    with pytest.raises(OutboundRefused) as refused:
+        mcp_server_create(
+            actor=actor,
+            server_name="remote",
+            server_type="sse",
+            server_url="https://mcp.example.com/sse",
+            auth_header=auth_header,
+            auth_token="tok" if auth_header else "",
+            custom_headers=headers,
+            register_tools=False,
+        )
+
+    assert refused.value.message == (
+        f"The header '{name}' is not allowed (metadata and hop-by-hop headers are the server's to set)."
+    )
+    assert MCPServer.objects.for_actor(actor).count() == 0
+
+
+@pytest.mark.parametrize("server_type", ["streamable_http", "sse"])
+def test_a_stored_server_the_guard_refuses_is_never_connected(settings, server_type):
+    settings.OUTBOUND_ALLOW = []
+    with ConnectionRecorder() as platform:
+        target = McpTarget(server_type=server_type, url=f"{platform.url}/mcp")
+
+        with pytest.raises(McpServerError) as caught:
+            fetch_tools(target, timeout=20)
+
+    assert caught.value.message.startswith(
+        f"the MCP server ({platform.url}) may not be reached: The URL is not allowed: 127.0.0.1 is a "
+        "loopback address."
+    )
+    assert platform.connections == []
+
+
+def test_a_stored_metadata_header_is_refused_before_connecting():
+    with ConnectionRecorder() as server:
+        target = McpTarget(
+            server_type="streamable_http", url=f"{server.url}/mcp", headers={"Metadata-Flavor": "Google"}
+        )
+
+        with pytest.raises(InvalidInput, match="Metadata-Flavor"):
+            invoke_tool(target, "add", {"a": 1, "b": 2}, timeout=20)
+
+    assert server.connections == []
 
 
 # --- rows: encryption at rest, policy, registration ------------------------------------------------------

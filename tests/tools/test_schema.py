@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import random
+import re
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +20,8 @@ from apps.tools.schema import (
     parse_google_docstring,
     validate_tool_name,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def schema_of(source: str, name: str | None = None) -> dict[str, object]:
@@ -578,6 +586,68 @@ def test_docstring_parser_without_sections_is_all_description():
     docstring = parse_google_docstring("Just a summary.\n\nAnd more.")
 
     assert docstring == Docstring(description="Just a summary.\n\nAnd more.", params={}, returns=None)
+
+
+# --- bounded work: the parser is linear in its input (issue 16) --------------------------------------------
+
+WORST_CASE_BYTES = 64 * 1024
+"""TOOL_SOURCE_MAX_BYTES's default: the largest source the server parses."""
+
+ENTRY_BEFORE_ISSUE_16 = re.compile(r"^\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:(?P<text>.*)$")
+"""The Args-entry pattern the parser used to have: `\\s*(...)?\\s*` tries every split of a run of blanks
+that no colon follows, so one such line cost the square of its length (80 KB of source: 11 s)."""
+
+
+def worst_case_docstring(size: int) -> str:
+    """An Args line of a name, blanks and no colon: tabs, since each becomes 8 blanks once expanded."""
+    head, tail = "Summary.\n\nArgs:\n    x", "y\n    x: The x.\n"
+    return head + "\t" * (size - len(head) - len(tail)) + tail
+
+
+def test_the_parser_takes_a_worst_case_docstring_the_size_of_the_source_limit_in_well_under_a_second():
+    # In a child process, so that a quadratic parser (minutes here) fails the test instead of hanging it.
+    child = textwrap.dedent(
+        f"""
+        import json, time
+        from apps.tools.schema import generate_schema, parse_google_docstring
+        from tests.tools.test_schema import worst_case_docstring
+        doc = worst_case_docstring({WORST_CASE_BYTES})
+        source = "def f(x: str):\\n    '''" + doc.replace("\\n", "\\n    ") + "'''\\n"
+        started = time.perf_counter()
+        parsed = parse_google_docstring(doc)
+        parse_s = time.perf_counter() - started
+        started = time.perf_counter()
+        schema = generate_schema(source)
+        generate_s = time.perf_counter() - started
+        print(json.dumps({{"params": parsed.params, "x": schema["parameters"]["properties"]["x"],
+                          "parse_s": parse_s, "generate_s": generate_s}}))
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"parsing a {WORST_CASE_BYTES}-byte worst-case docstring took more than 30 s")
+    result = json.loads(done.stdout)
+
+    assert result["params"] == {"x": "The x."}
+    assert result["x"] == {"type": "string", "description": "The x."}
+    assert result["parse_s"] < 0.5
+    assert result["generate_s"] < 0.5
+
+
+def test_the_args_entry_pattern_matches_exactly_what_it_did_before_it_became_linear():
+    alphabet = "ab_1 \t():*"
+    rng = random.Random(16)
+    lines = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 14))) for _ in range(20_000)}
+    lines |= {"x (int): Text", "x   (int)   :  Text", "x : t", "**kwargs: t", "x (a) b: t", "x y: t", "x(:"}
+
+    for line in sorted(lines):
+        expanded = ("    " + line).expandtabs().strip()
+        old = ENTRY_BEFORE_ISSUE_16.match(expanded)
+        expected = {old.group("name"): old.group("text").strip()} if old else {}
+        assert parse_google_docstring(f"Args:\n    {line}\n").params == expected, repr(line)
 
 
 def test_valid_tool_names_are_returned():

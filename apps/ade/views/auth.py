@@ -1,10 +1,19 @@
-"""Sign in, sign out, and choosing the organisation to act for."""
+"""Sign in, sign out, and choosing the organisation to act for.
+
+Failed sign-ins are counted by django-axes (settings: Throttling); a locked-out pair of username and
+address gets `lockout_response`.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from axes.helpers import get_cool_off, get_lockout_message
+from django.conf import settings
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
@@ -17,6 +26,39 @@ from apps.core.errors import NotFound
 class LoginView(auth_views.LoginView):
     template_name = "ade/auth/login.html"
     redirect_authenticated_user = True
+
+
+def lockout_response(
+    request: HttpRequest,
+    original_response: HttpResponse | None = None,
+    credentials: dict[str, Any] | None = None,
+) -> HttpResponse:
+    """AXES_LOCKOUT_CALLABLE: 429 with Retry-After. The ADE's sign-in page says plainly why, in its own
+    layout; the admin's sign-in (and anything else) answers django-axes' own message."""
+    cool_off = get_cool_off(request)
+    seconds = int(cool_off.total_seconds()) if cool_off else None
+    status = settings.AXES_HTTP_RESPONSE_CODE
+    if request.path == reverse("ade:login"):
+        wait = f"Try again in {_minutes(seconds)}." if seconds else "Ask an administrator to unlock it."
+        username = (credentials or {}).get("username") or request.POST.get("username", "")
+        context = {
+            "form": AuthenticationForm(request, initial={"username": username}),
+            "next": request.POST.get("next", ""),
+            "locked_out": f"Too many failed sign-ins for this username from your address. {wait}",
+        }
+        response = render(request, LoginView.template_name, context, status=status)
+    else:
+        response = HttpResponse(
+            get_lockout_message(), status=status, content_type="text/plain; charset=utf-8"
+        )
+    if seconds:
+        response["Retry-After"] = str(seconds)
+    return response
+
+
+def _minutes(seconds: int) -> str:
+    minutes = max(1, round(seconds / 60))
+    return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
 @require_POST

@@ -7,7 +7,7 @@ A run is driven by `execute_run(run_id)`:
   4. step: compile the context, keep it inside the window (warn, compact), call the LLM once,
      execute the tool calls it returned, persist the step in one transaction, and continue while
      the model keeps calling tools; stop on a reply without tool calls, a terminal rule, an
-     approval request, max_steps, cancellation or an error;
+     approval request, max_steps, cancellation, the run's deadline (RUN_DEADLINE) or an error;
   5. finish the run with its stop reason and usage.
 Decisions (rules, budget, compaction choice, rendering) are pure code in this package; this module
 does the I/O. No database lock is held across an LLM call.
@@ -19,6 +19,8 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,19 +46,27 @@ from apps.agents.loop.stored_messages import in_context_messages
 from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, StopReason, pack_trace
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
-from apps.agents.recovery import fail_orphaned_runs
+from apps.agents.recovery import enqueue_run, fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
 from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
-from apps.llm.errors import ContextWindowExceeded, InvalidLLMResponse, LLMApiError, LLMError
+from apps.llm.errors import (
+    ContextWindowExceeded,
+    InvalidLLMResponse,
+    LLMApiError,
+    LLMCallCancelled,
+    LLMDeadlineExceeded,
+    LLMError,
+)
 from apps.llm.handles import ModelTarget, resolve_model
+from apps.llm.retry import CallBounds, Deadline
 from apps.llm.tokens import count_tokens
 from apps.memory.archival import agent_archival_stats
 from apps.memory.edits import should_show_line_numbers
 from apps.memory.models import AgentBlock, Block
-from apps.streams.events import RedisStreamSink, end_stream
+from apps.streams.events import RedisStreamSink, cancel_requested, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.mcp import run_mcp_tool
 from apps.tools.models import Tool
@@ -113,6 +123,15 @@ class TurnResult:
     embedding_handle: str = ""
     # Provider traces of its steps, stored after the answer (store_traces): (step id, request, response).
     traces: list[tuple[str, Any, Any]] = field(default_factory=list)
+    # The conversation's next run, still waiting when this one finished (its task is enqueued at once).
+    next_run_id: str | None = None
+
+
+def run_deadline() -> Deadline:
+    """When a run starting now must be over (RUN_DEADLINE): checked between steps, and no LLM call of
+    the run outlives it."""
+    seconds = float(settings.RUN_DEADLINE)
+    return Deadline.after(seconds, f"the run did not finish within {seconds:g} s (RUN_DEADLINE)")
 
 
 @dataclass
@@ -143,6 +162,7 @@ class LoopState:
     # The run's status as the last step's write read it (None: not read since); the next step's cancel
     # check uses it instead of a query of its own.
     status_at_persist: str | None = None
+    deadline: Deadline = field(default_factory=run_deadline)
 
 
 class StopRun(Exception):
@@ -313,11 +333,13 @@ def _drive(run: Run, sink: EventSink) -> TurnResult:
         if state is None:
             return _fail_before_start(run, stop.reason, stop.error)
         return _finish(state, stop.reason, stop.error)
-    except Exception as exc:
-        logger.exception("agents.run_crashed", extra={"run_id": run_id})
+    except Exception:
+        error_id = uuid.uuid4().hex  # the tenant sees this id, never the exception (hosts, paths, SQL)
+        logger.exception("agents.run_crashed error_id=%s", error_id, extra={"run_id": run_id})
+        error = f"The run failed with an internal error (error_id: {error_id})."
         if state is None:
-            return _fail_before_start(run, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
-        return _finish(state, StopReason.ERROR, f"{type(exc).__name__}: {exc}")
+            return _fail_before_start(run, StopReason.ERROR, error)
+        return _finish(state, StopReason.ERROR, error)
 
 
 def _loop(state: LoopState) -> StopRun:
@@ -329,10 +351,17 @@ def _loop(state: LoopState) -> StopRun:
         if state.usage.step_count:  # the first step follows the claim, which found the run not cancelled
             status, state.status_at_persist = state.status_at_persist, None
             _raise_if_cancelled(state, status=status)
+        if state.deadline.remaining() <= 0:
+            return StopRun(StopReason.ERROR, _deadline_error(state))
         stop = _step(state)
         if stop is not None:
             return stop
     return StopRun(StopReason.MAX_STEPS)
+
+
+def _deadline_error(state: LoopState) -> str:
+    """What a run past its deadline says (stop reason `error`, as Letta has no reason of its own for it)."""
+    return f"Stopped after {state.usage.step_count} step(s): {state.deadline.reason}."
 
 
 def _step(state: LoopState) -> StopRun | None:
@@ -357,6 +386,8 @@ def _step(state: LoopState) -> StopRun | None:
         response = _call_llm(state, _prepare_request(state), step_id=step.id, message_id=assistant_id)
     except (LLMApiError, InvalidLLMResponse) as exc:
         _save_failed_step(state, step, exc)
+        if isinstance(exc, LLMDeadlineExceeded) and exc.deadline is state.deadline:
+            raise StopRun(StopReason.ERROR, _deadline_error(state)) from exc  # the run's time is up
         reason = (
             StopReason.INVALID_LLM_RESPONSE
             if isinstance(exc, InvalidLLMResponse)
@@ -684,24 +715,38 @@ def _call_llm(
     stream: bool | None = None,
     message_id: str | None = None,
 ) -> llm.ChatResponse:
-    if stream if stream is not None else state.stream_tokens:
+    """One LLM call, bounded by LLM_CALL_DEADLINE and the run's deadline, and ended within about a second
+    when the run is cancelled (a Redis key run_cancel sets: no SQL while the call waits)."""
+    run_id = state.run.id
+    bounds = CallBounds.from_settings(within=state.deadline, cancelled=lambda: cancel_requested(run_id))
+    try:
+        if stream if stream is not None else state.stream_tokens:
+            return llm.stream(state.target, request, _relay(state, step_id, message_id), bounds=bounds)
+        return llm.complete(state.target, request, bounds=bounds)
+    except LLMCallCancelled as exc:  # the user cancelled the run while the model was answering
+        raise StopRun(StopReason.CANCELLED) from exc
 
-        def relay(delta: llm.StreamDelta) -> None:
-            state.sink.emit(
-                {
-                    "message_type": "delta",
-                    "kind": delta.kind,
-                    "text": delta.text,
-                    "tool_call_id": delta.tool_call_id,
-                    "tool_name": delta.tool_name,
-                    "step_id": step_id,
-                    "run_id": state.run.id,
-                    "message_id": message_id,
-                }
-            )
 
-        return llm.stream(state.target, request, relay)
-    return llm.complete(state.target, request)
+def _relay(
+    state: LoopState, step_id: str | None, message_id: str | None
+) -> Callable[[llm.StreamDelta], None]:
+    """A streamed call's deltas into the run's events."""
+
+    def relay(delta: llm.StreamDelta) -> None:
+        state.sink.emit(
+            {
+                "message_type": "delta",
+                "kind": delta.kind,
+                "text": delta.text,
+                "tool_call_id": delta.tool_call_id,
+                "tool_name": delta.tool_name,
+                "step_id": step_id,
+                "run_id": state.run.id,
+                "message_id": message_id,
+            }
+        )
+
+    return relay
 
 
 def _save_failed_step(state: LoopState, step: Step, exc: LLMError) -> None:
@@ -1117,7 +1162,8 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.error = {"message": error or reason}
     if error:
         run.metadata = {**run.metadata, "error": error}
-    if not _save_finished(run, state.agent.id):
+    saved, next_run_id = _save_finished(run, state.agent.id)
+    if not saved:
         # The user cancelled while the last step ran: the stored run says so, and so must the stream.
         run.status = Run.Status.CANCELLED
         run.stop_reason = reason = StopReason.CANCELLED
@@ -1136,13 +1182,15 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         to_embed=[*state.inputs, *state.produced],
         embedding_handle=state.agent.embedding,
         traces=state.traces,
+        next_run_id=next_run_id,
     )
 
 
-def _save_finished(run: Run, agent_id: str) -> bool:
+def _save_finished(run: Run, agent_id: str) -> tuple[bool, str | None]:
     """The run's terminal state and the agent's last-run fields in one statement (data-modifying CTEs:
     one round trip, atomic without a transaction block). A cancelled run keeps its status: the user's
-    cancel wins over the loop's own ending. Returns False when the run had been cancelled."""
+    cancel wins over the loop's own ending. Returns False when the run had been cancelled, and the id of
+    the conversation's next waiting run, if any (the same statement reads it)."""
     run_field, agent_field = Run._meta.get_field, Agent._meta.get_field
     run_values = {
         "status": run.status,
@@ -1165,6 +1213,9 @@ def _save_finished(run: Run, agent_id: str) -> bool:
         Run.Status.CANCELLED,
         *(agent_field(name).get_db_prep_save(value, connection) for name, value in agent_values.items()),
         agent_id,
+        agent_id,
+        run.conversation_id,
+        Run.Status.CREATED,
     ]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -1174,11 +1225,16 @@ def _save_finished(run: Run, agent_id: str) -> bool:
             ), agent AS (
                 UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
             )
-            SELECT count(*) FROM finished
+            SELECT (SELECT count(*) FROM finished), (
+                SELECT id FROM {Run._meta.db_table}
+                WHERE agent_id = %s AND conversation_id IS NOT DISTINCT FROM %s AND status = %s
+                ORDER BY created_at LIMIT 1
+            )
             """,
             params,
         )
-        return cursor.fetchone()[0] > 0
+        finished, next_run_id = cursor.fetchone()
+        return finished > 0, next_run_id
 
 
 def _start_sleeptime(primary_agent_id: str) -> None:
@@ -1211,5 +1267,8 @@ def execute_run_streamed(
     if result is not None:
         if not sink.ended:  # a run that failed before it started has no closing events yet
             end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
+        if result.next_run_id and settings.RUN_EXECUTOR == "celery":
+            # Its turn now: its own task may be waiting out a deferral's backoff (apps.agents.tasks).
+            enqueue_run(result.next_run_id, result.run.agent_id, result.run.conversation_id)
         after_run(result)
     return result

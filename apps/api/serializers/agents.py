@@ -19,6 +19,7 @@ from apps.api.serializers.common import BlockOut
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
+from apps.llm.selectors import endpoint_for_tenants
 
 AGENT_TYPES = [t.value for t in AgentType]
 
@@ -80,7 +81,7 @@ def llm_config(agent: Agent, info: agent_selectors.ChatModelInfo | None) -> dict
     return {
         "model": model,
         "model_endpoint_type": info.endpoint_type if info else "openai",
-        "model_endpoint": info.endpoint if info else None,
+        "model_endpoint": endpoint_for_tenants(info.endpoint) if info else None,
         "provider_name": info.provider_name if info else None,
         "provider_category": info.provider_category if info else None,
         "context_window": agent.context_window_limit
@@ -101,7 +102,7 @@ def embedding_config(agent: Agent, info: agent_selectors.EmbeddingModelInfo | No
     return {
         "embedding_model": info.name,
         "embedding_endpoint_type": info.endpoint_type,
-        "embedding_endpoint": info.endpoint,
+        "embedding_endpoint": endpoint_for_tenants(info.endpoint),
         "embedding_dim": agent.embedding_dim or info.dimension,
         "embedding_chunk_size": None,
         "handle": info.handle,
@@ -269,6 +270,14 @@ def agent_state(agent: Agent, *, actor: Actor) -> dict[str, Any]:
     return agent_states([agent], actor=actor)[0]
 
 
+class TenantEndpointField(serializers.CharField):
+    """A provider URL as a tenant may see it: never a deployment-configured host, no credentials
+    (apps.llm.selectors.endpoint_for_tenants)."""
+
+    def to_representation(self, value: Any) -> str | None:
+        return endpoint_for_tenants(value)
+
+
 class ModelOut(serializers.Serializer):
     """Letta's Model (an entry of GET /v1/models/)."""
 
@@ -277,7 +286,7 @@ class ModelOut(serializers.Serializer):
     name = serializers.CharField()
     display_name = serializers.CharField(source="name")
     model_endpoint_type = serializers.CharField(source="endpoint_type")
-    model_endpoint = serializers.CharField(source="endpoint", allow_null=True)
+    model_endpoint = TenantEndpointField(source="endpoint", allow_null=True)
     provider_type = serializers.CharField()
     provider_name = serializers.CharField()
     provider_category = serializers.CharField(allow_null=True)
@@ -297,7 +306,7 @@ class EmbeddingModelOut(serializers.Serializer):
     display_name = serializers.CharField(source="name")
     embedding_model = serializers.CharField(source="name")
     embedding_endpoint_type = serializers.CharField(source="endpoint_type")
-    embedding_endpoint = serializers.CharField(source="endpoint", allow_null=True)
+    embedding_endpoint = TenantEndpointField(source="endpoint", allow_null=True)
     embedding_dim = serializers.IntegerField(source="dimension", allow_null=True)
     provider_type = serializers.CharField()
     provider_name = serializers.CharField()

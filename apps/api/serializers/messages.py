@@ -14,7 +14,8 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.agents.models import Conversation, Run, Step, StopReason
-from apps.agents.services import MessageIn
+from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
+from apps.llm.selectors import endpoint_for_tenants
 
 MESSAGE_TYPES = [
     "system_message",
@@ -41,7 +42,6 @@ CONTENT_PART_TYPES = frozenset(
         "summarized_reasoning",
     }
 )
-DEFAULT_MAX_STEPS = 50
 
 
 # --- LettaRequest ------------------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ class SendRequest:
 
     messages: list[MessageIn] = field(default_factory=list)
     approvals: list[dict[str, Any]] | None = None
-    max_steps: int = DEFAULT_MAX_STEPS
+    max_steps: int | None = None  # None: DEFAULT_MAX_STEPS, within the organisation's step limit
     include_return_message_types: frozenset[str] | None = None
     streaming: bool = False
     stream_tokens: bool = False
@@ -93,7 +93,14 @@ class LettaRequestIn(serializers.Serializer):
 
     messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     input = serializers.JSONField(required=False, allow_null=True)
-    max_steps = serializers.IntegerField(required=False, min_value=1, default=DEFAULT_MAX_STEPS)
+    # At most the organisation's step limit (MAX_STEPS_LIMIT, or its own), checked by run_create (422).
+    max_steps = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        default=None,
+        help_text=f"Default {DEFAULT_MAX_STEPS}; at most the organisation's step limit.",
+    )
     include_return_message_types = serializers.ListField(
         child=serializers.ChoiceField(choices=MESSAGE_TYPES), required=False, allow_null=True
     )
@@ -378,7 +385,7 @@ class StepOut(serializers.Serializer):
         return _blank_to_none(step.stop_reason)
 
     def get_model_endpoint(self, step: Step) -> str | None:
-        return _blank_to_none(step.model_endpoint)
+        return endpoint_for_tenants(step.model_endpoint)  # never a deployment-configured host
 
     def get_model_handle(self, step: Step) -> str | None:
         return _blank_to_none(step.model_handle)

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse
 from django.urls import re_path
 from drf_spectacular.utils import extend_schema
@@ -51,10 +53,24 @@ class AgentExportApi(OrgApiView):
         )
 
 
+FORM_ALLOWANCE_BYTES = 1024 * 1024
+"""What an import's body may have besides its file: the multipart framing and the form fields."""
+
+
 class AgentImportApi(OrgApiView):
-    """Multipart, as the SDK sends it: the `file` part and plain form fields (booleans "true"/"false")."""
+    """Multipart, as the SDK sends it: the `file` part and plain form fields (booleans "true"/"false").
+
+    A file past AGENT_FILE_MAX_BYTES is a 413: by its Content-Length before the body is parsed, else by the
+    upload's size before it is read."""
 
     parser_classes = [MultiPartParser, FormParser]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # OrgApiView.initial parses the body (its NUL check reads request.data): look at its size first.
+        declared = request.META.get("CONTENT_LENGTH") or ""
+        if declared.isdigit() and int(declared) > settings.AGENT_FILE_MAX_BYTES + FORM_ALLOWANCE_BYTES:
+            raise agent_file.AgentFileTooLarge.over_limit()
+        super().initial(request, *args, **kwargs)
 
     class InputSerializer(serializers.Serializer):
         file = serializers.FileField()
@@ -79,6 +95,8 @@ class AgentImportApi(OrgApiView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         params = data.validated_data
+        if params["file"].size > settings.AGENT_FILE_MAX_BYTES:
+            raise agent_file.AgentFileTooLarge.over_limit()
         parsed = agent_file.parse_agent_file(params["file"].read())
         agent_ids = agent_file.agent_import(
             actor=self.actor,

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.models import Run
+from apps.api import throttles
 from apps.api.base import OrgApiView
 from apps.api.serializers import messages as s
 from apps.api.sse import StreamOptions, run_sse, sse_response
@@ -158,7 +159,8 @@ class ConversationStreamApi(OrgApiView):
             | {tool["name"] for tool in config.get("client_tools") or []},
             starting_after=data.validated_data["starting_after"] or 0,
         )
-        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options))
+        slot = throttles.require_stream_slot(self.actor)
+        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
 
 
 def _thread_runs(*, actor: Actor, thread: Thread) -> list[Run]:

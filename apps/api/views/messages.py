@@ -8,9 +8,12 @@ Decisions a client can observe:
   timeout) starts nothing new; it is answered from the run that took it (waited for, or its stream
   replayed from the start).
 - A blocking send waits for its run up to the client's read timeout minus 5 s (the SDK announces it in
-  `x-stainless-read-timeout`; 60 s by default, so 55 s). A run still going then is answered with 504,
-  `x-should-retry: false` and the run id, so the SDK does not resend the message; the run carries on
-  and can be followed with GET /v1/runs/{run_id} or POST /v1/runs/{run_id}/stream.
+  `x-stainless-read-timeout`; 60 s by default, so 55 s), and never longer than BLOCKING_WAIT_SECONDS. A
+  run still going then is answered with 504, `x-should-retry: false`, the run id and the messages it
+  produced so far, so the SDK does not resend the message; the run carries on and can be followed with
+  GET /v1/runs/{run_id} or POST /v1/runs/{run_id}/stream.
+- A stream and a blocking wait each hold one of the user's MAX_STREAMS_PER_USER slots while open; past
+  the cap the send is 429 and starts nothing.
 - A run that failed on the LLM provider answers 502 (`llm_api_error`), one that crashed 500 (`error`);
   other stop reasons are a normal LettaResponse. 409 and 5xx from these endpoints carry
   `x-should-retry: false`.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse
 from django.urls import re_path
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -36,7 +40,9 @@ from apps.agents import services as agent_services
 from apps.agents.errors import PendingApproval
 from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Message, Run
+from apps.api import throttles
 from apps.api.base import OrgApiView
+from apps.api.errors import internal_error_response
 from apps.api.serializers import agents as agent_serializers
 from apps.api.serializers import messages as s
 from apps.api.sse import StreamOptions, run_sse, sse_response
@@ -48,7 +54,6 @@ logger = logging.getLogger(__name__)
 MESSAGES_DEFAULT_LIMIT = 100
 DEFAULT_CLIENT_READ_TIMEOUT_S = 60.0
 READ_TIMEOUT_MARGIN_S = 5.0
-MAX_BLOCKING_WAIT_S = 1800.0
 AGENT = r"(?P<agent_id>[^/]+)"
 
 
@@ -72,9 +77,8 @@ class MessageSendApiView(OrgApiView):
     def handle_exception(self, exc: Exception) -> Response:
         try:
             return super().handle_exception(exc)
-        except Exception:
-            logger.exception("api.message_send_failed", extra={"path": self.request.path})
-            return Response({"detail": "Internal server error"}, status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+        except Exception as unhandled:
+            return internal_error_response(unhandled)
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)
@@ -100,10 +104,15 @@ class MessageSendApiView(OrgApiView):
 
     def stream(self, request: Request, *, agent_id: str, send: s.SendRequest, **kwargs: Any) -> HttpResponse:
         """SSE from the start of the run; a pending approval is a plain 409 here (letta_api.md 4.4)."""
+        slot = throttles.require_stream_slot(self.actor)
         try:
             run = self.start_run(agent_id=agent_id, send=send, **kwargs)
         except PendingApproval as exc:
+            slot.release()
             return Response({"detail": exc.message}, status=status.HTTP_409_CONFLICT)
+        except BaseException:
+            slot.release()
+            raise
         approval_tools: frozenset[str] = frozenset()
         if send.stream_tokens:
             approval_tools = agent_selectors.agent_approval_tool_names(
@@ -115,13 +124,18 @@ class MessageSendApiView(OrgApiView):
             include_pings=send.include_pings,
             approval_tools=approval_tools,
         )
-        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options))
+        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
 
     def blocking(self, request: Request, *, agent_id: str, send: s.SendRequest, **kwargs: Any) -> Response:
-        run = self.start_run(agent_id=agent_id, send=send, **kwargs)
-        collected = agent_services.run_collect(
-            actor=self.actor, run_id=run.id, run=run, reread=False, timeout_s=blocking_wait_s(request)
-        )
+        wait_s = blocking_wait_s(request)
+        slot = throttles.require_stream_slot(self.actor, ttl_s=wait_s + throttles.BLOCKING_SLOT_MARGIN_S)
+        try:
+            run = self.start_run(agent_id=agent_id, send=send, **kwargs)
+            collected = agent_services.run_collect(
+                actor=self.actor, run_id=run.id, run=run, reread=False, timeout_s=wait_s
+            )
+        finally:
+            slot.release()
         if not collected.finished:
             return Response(
                 {
@@ -131,6 +145,7 @@ class MessageSendApiView(OrgApiView):
                     ),
                     "code": "RUN_STILL_RUNNING",
                     "run_id": run.id,
+                    "messages": filter_types(collected.messages, send.include_return_message_types),
                 },
                 status=status.HTTP_504_GATEWAY_TIMEOUT,
             )
@@ -155,14 +170,15 @@ FAILED_RUN_STATUS = {
 
 
 def blocking_wait_s(request: Request) -> float:
-    """How long a blocking send may wait: just under the client's read timeout, so it gets an answer."""
+    """How long a blocking send may wait: just under the client's read timeout, so it gets an answer, and
+    at most BLOCKING_WAIT_SECONDS (each wait holds a thread and a stream slot)."""
     try:
         client_timeout = float(
             request.headers.get("x-stainless-read-timeout") or DEFAULT_CLIENT_READ_TIMEOUT_S
         )
     except ValueError:
         client_timeout = DEFAULT_CLIENT_READ_TIMEOUT_S
-    return max(1.0, min(client_timeout - READ_TIMEOUT_MARGIN_S, MAX_BLOCKING_WAIT_S))
+    return max(1.0, min(client_timeout - READ_TIMEOUT_MARGIN_S, settings.BLOCKING_WAIT_SECONDS))
 
 
 def letta_response(collected: agent_services.CollectedRun, include: frozenset[str] | None) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import re_path
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -16,6 +18,7 @@ from apps.api.serializers import messages as s
 from apps.api.views.messages import LIST_PARAMETERS, message_list_response
 from apps.api.views.runs import STEPS_DEFAULT_LIMIT, run_page_params
 from apps.core.pagination import paginate
+from apps.llm.selectors import endpoint_for_tenants
 
 STEP = r"(?P<step_id>[^/]+)"
 
@@ -99,11 +102,19 @@ class StepTraceApi(OrgApiView):
             {
                 "id": f"provider_trace-{step.id.removeprefix('step-')}",
                 "step_id": step.id,
-                "request_json": step.request_json or {},
+                "request_json": request_for_tenants(step.request_json),
                 "response_json": step.response_json or {},
                 "created_at": step.created_at,
             }
         )
+
+
+def request_for_tenants(request_json: Any) -> Any:
+    """A stored LLM request with its `api_base` as a tenant may see it: traces written before that rule
+    (apps.llm.client) hold the deployment's own provider URL."""
+    if not isinstance(request_json, dict) or "api_base" not in request_json:
+        return request_json or {}
+    return {**request_json, "api_base": endpoint_for_tenants(request_json["api_base"])}
 
 
 urlpatterns = [
