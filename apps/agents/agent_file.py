@@ -27,6 +27,7 @@ from apps.agents.selectors import agent_get
 from apps.agents.services import BlockSpec, agent_create, agent_update
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, InvalidInput, NotFound
+from apps.core.jsondepth import nesting_exceeds
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
 from apps.memory import services as memory_services
 from apps.memory.models import Block
@@ -448,7 +449,7 @@ def parse_agent_file(raw: bytes | str) -> AgentFile:
         raise AgentFileError(too_deep) from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise AgentFileError("Corrupted agent file format.") from exc
-    if _nesting_exceeds(document, settings.JSON_MAX_DEPTH):
+    if nesting_exceeds(document, settings.JSON_MAX_DEPTH):
         raise AgentFileError(too_deep)
     if not isinstance(document, dict) or not isinstance(document.get("agents"), list):
         raise AgentFileError(LEGACY_FORMAT_MESSAGE)
@@ -459,24 +460,6 @@ def parse_agent_file(raw: bytes | str) -> AgentFile:
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()[:10]
         )
         raise AgentFileError(f"Invalid agent file: {problems}") from exc
-
-
-def _nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest more than `limit` deep, level by level (apps.api.parsers has the
-    same walk for request bodies; this layer cannot import it)."""
-    level = [value] if isinstance(value, dict | list) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, dict | list)
-        ]
-    return False
 
 
 @transaction.atomic

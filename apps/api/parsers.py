@@ -12,23 +12,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-
-def nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest more than `limit` deep (`[]` and `{}` are 1). Level by level, no
-    recursion: linear in the number of arrays and objects."""
-    level = [value] if isinstance(value, dict | list) else []
-    depth = 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, dict | list)
-        ]
-    return False
+from apps.core.jsondepth import nesting_exceeds
 
 
 def too_deep_message(limit: int) -> str:

@@ -13,7 +13,7 @@ from apps.llm._litellm import litellm, tenant_client
 from apps.llm.client import KEYLESS_API_KEY
 from apps.llm.errors import InvalidLLMResponse, told_to_tenant
 from apps.llm.handles import EmbeddingTarget
-from apps.llm.retry import RetryPolicy, call_with_retries
+from apps.llm.retry import CallBounds, RetryPolicy, call_with_retries, guarded
 from apps.llm.selectors import is_deployment_endpoint
 
 DEFAULT_BATCH_SIZE = 100
@@ -54,22 +54,27 @@ def _embed_batch(target: EmbeddingTarget, batch: list[str], *, policy: RetryPoli
     tenant_url = not is_deployment_endpoint(target.api_base)
 
     def send() -> Any:
+        timeout = guard.read_timeout(policy.timeout)
         if openai_wire.handles(target):
-            return openai_wire.embed(target, batch, timeout=policy.timeout)
+            return openai_wire.embed(target, batch, timeout=timeout)
         response = litellm.embedding(
             model=target.litellm_model,
             input=batch,
             api_base=target.api_base,
             api_key=target.api_key or KEYLESS_API_KEY,
-            timeout=policy.timeout,
+            timeout=timeout,
             max_retries=0,
             num_retries=0,
             **({"client": _tenant_openai_client(target, policy)} if tenant_url else {}),
         )
         return getattr(response, "data", None)
 
-    with told_to_tenant(target.handle, applies=tenant_url):
-        data, _ = call_with_retries(send, policy=policy, label=target.handle)
+    # Bounded like a chat call (LLM_CALL_DEADLINE in all): a trickling provider cannot hold the thread.
+    with (
+        told_to_tenant(target.handle, applies=tenant_url),
+        guarded(CallBounds.from_settings(), label=target.handle) as guard,
+    ):
+        data, _ = call_with_retries(send, policy=policy, label=target.handle, guard=guard)
     if not isinstance(data, list) or len(data) != len(batch):
         raise InvalidLLMResponse(
             f"{target.handle}: expected {len(batch)} embeddings, got {len(data) if isinstance(data, list) else 'none'}"

@@ -14,7 +14,8 @@ Modes (`server.mode`, read by each request when it arrives; the test may change 
 
 Every chat request is recorded (`requests`): when it arrived, whether it streamed, and when the client
 hung up (`hung_up_at`), which is how a test sees that a call was not only abandoned but its connection
-closed. ``/v1/embeddings`` is a 404 in every mode (tests give agents no embedding handle).
+closed. ``/v1/embeddings`` trickles in ``trickle`` mode and is a 404 otherwise (tests give agents no
+embedding handle).
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.rstrip("/").endswith("/embeddings") and self.server.tarpit.mode == "trickle":
+            request = TarpitRequest(time.monotonic(), "trickle", False)
+            try:
+                self._trickle(request)
+            except (BrokenPipeError, ConnectionResetError):
+                request.hung_up_at = time.monotonic()
+            self.close_connection = True
+            return
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._send(404, "application/json", b'{"error": {"message": "tarpit: chat completions only"}}')
             return
