@@ -246,9 +246,11 @@
     };
     ws.onclose = (close) => {
       if (turn.dataset.finished || !turn.isConnected || sockets.get(runId) !== entry) return;
-      if (close.code === 4401 || close.code === 4404) {
+      if (close.code === 4401 || close.code === 4404 || close.code === 4429) {
         sockets.delete(runId);
-        turn.querySelector(".run-state")?.replaceChildren(close.code === 4401 ? "Signed out: reload the page." : "This run is not visible to you.");
+        const why = { 4401: "Signed out: reload the page.", 4404: "This run is not visible to you.",
+          4429: "Too many open streams (MAX_STREAMS_PER_USER): close another tab, then reload." };
+        turn.querySelector(".run-state")?.replaceChildren(why[close.code]);
         updateComposer();
         return;
       }
