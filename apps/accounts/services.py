@@ -279,3 +279,104 @@ def membership_remove(*, actor: Actor, membership_id: int) -> Membership:
     )
     membership.delete()
     return membership
+
+
+# --- operators' provisioning (manage.py create_organization, create_user, add_member, create_api_key) ---
+
+
+def organization_lookup(*, reference: str) -> Organization:
+    """An organisation named by its id or its name. Raises NotFound."""
+    organization = (
+        Organization.objects.filter(id=reference).first()
+        or Organization.objects.filter(name=reference).first()
+    )
+    if organization is None:
+        raise NotFound(f"There is no organization with the id or name '{reference}'.")
+    return organization
+
+
+def user_lookup(*, username: str) -> User:
+    """Raises NotFound."""
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"There is no user named '{username}'.")
+    return user
+
+
+@transaction.atomic
+def organization_provision(*, name: str, owner_username: str | None = None) -> Organization:
+    """A new organisation, with an existing user as its owner when one is named.
+    Raises InvalidInput (empty or taken name), NotFound (unknown owner)."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput("Give the organization a name.")
+    owner = user_lookup(username=owner_username) if owner_username else None
+    return organization_create(name=name, owner=owner)
+
+
+@dataclass(frozen=True)
+class CreatedUser:
+    user: User
+    generated_password: str | None  # only when no password was given: shown once, never stored
+
+
+@transaction.atomic
+def user_create(*, username: str, password: str | None = None, email: str = "") -> CreatedUser:
+    """A new (non-staff) user; without a password, a random one is generated and returned once.
+    Raises InvalidInput (a taken or invalid username, a password the validators refuse)."""
+    username, email = username.strip(), email.strip()
+    if not username:
+        raise InvalidInput("Give the user a username.")
+    if User.objects.filter(username=username).exists():
+        raise InvalidInput(f"A user named '{username}' already exists.")
+    generated = None if password else secrets.token_urlsafe(12)
+    password = password or generated
+    candidate = User(username=username, email=email)
+    try:
+        User.username_validator(username)
+        validate_password(password, user=candidate)
+    except DjangoValidationError as exc:
+        raise InvalidInput(" ".join(exc.messages)) from exc
+    user = User.objects.create_user(username=username, email=email, password=password)
+    return CreatedUser(user=user, generated_password=generated)
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    membership: Membership
+    previous_role: Role | None  # None: the user was not a member before
+
+
+@transaction.atomic
+def membership_grant(*, organization: Organization, user: User, role: str) -> MembershipChange:
+    """Make `user` a member of `organization` with `role`, or change the role of an existing member
+    (idempotent). The last owner cannot be demoted. Raises InvalidInput."""
+    role_value = _assignable_role(role)
+    _lock_members(Actor.system(organization.id))
+    membership = (
+        Membership.objects.filter(user=user, organization=organization).select_related("user").first()
+    )
+    if membership is None:
+        membership = Membership.objects.create(user=user, organization=organization, role=role_value)
+        return MembershipChange(membership=membership, previous_role=None)
+    previous = Role(membership.role)
+    if previous != role_value:
+        if role_value != Role.OWNER and _is_last_owner(membership):
+            raise InvalidInput(
+                f"{user.username} is the last owner of {organization.name}: make another member an owner first."
+            )
+        membership.role = role_value
+        membership.save(update_fields=["role", "updated_at"])
+    return MembershipChange(membership=membership, previous_role=previous)
+
+
+def api_key_provision(*, organization: Organization, user: User, name: str) -> CreatedApiKey:
+    """A new API key for a member of `organization`, as the operator (the raw key is returned once).
+    Raises InvalidInput (not a member)."""
+    membership = Membership.objects.filter(user=user, organization=organization).first()
+    if membership is None:
+        raise InvalidInput(
+            f"'{user.username}' is not a member of {organization.name}: add them first (add_member)."
+        )
+    actor = Actor(organization_id=organization.id, user_id=user.id, role=Role(membership.role))
+    return api_key_create(actor=actor, user=user, name=name)
