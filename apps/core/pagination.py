@@ -41,7 +41,9 @@ class PageParams:
 
 
 def _cursor_filter(qs: QuerySet, cursor_id: str, *, forward: bool) -> Q | None:
-    row = qs.model.all_objects.filter(id=cursor_id).values("created_at", "id").first()  # type: ignore[attr-defined]
+    """Looked up in the listing's own (scoped) queryset: a cursor the caller cannot see is unknown, so a
+    page never tells whether another organisation's id exists."""
+    row = qs.filter(id=cursor_id).order_by().values("created_at", "id").first()
     if row is None:
         return None
     if forward:

@@ -135,3 +135,20 @@ def test_openapi_schema_is_served(db):
 
     assert response.status_code == 200
     assert "/v1/blocks/" in response.content.decode() or "/v1/blocks" in response.content.decode()
+
+
+def test_a_cursor_of_another_organisation_reveals_nothing(actor, other_org_actor, api_client_for):
+    # Before: the cursor was looked up unscoped, so another organisation's id gave a page where an
+    # unknown id gave none, which told whether that id exists.
+    theirs = BlockFactory(organization_id=other_org_actor.organization_id, label="secret")
+    for i in range(3):  # newer than theirs: an unscoped cursor would page on to them
+        BlockFactory(organization_id=actor.organization_id, label=f"b{i}")
+    client = api_client_for(actor)
+
+    with_their_cursor = client.get("/v1/blocks/", {"after": theirs.id, "order": "asc"})
+    with_unknown_cursor = client.get(
+        "/v1/blocks/", {"after": "block-00000000-0000-4000-8000-000000000000", "order": "asc"}
+    )
+
+    assert with_their_cursor.status_code == with_unknown_cursor.status_code == 200
+    assert with_their_cursor.json() == with_unknown_cursor.json() == []
