@@ -367,7 +367,15 @@ class Message(OrgOwnedModel):
                 condition=Q(embedding__isnull=True, embedding_dim__isnull=True)
                 | Q(embedding__isnull=False, embedding_dim__isnull=False),
                 name="message_embedding_has_dim",
-            )
+            ),
+            # A client id (otid) takes one run per agent conversation, even when two resends race past
+            # run_find_by_otids together: the second insert fails and the API answers from the first.
+            models.UniqueConstraint(
+                fields=["agent", "conversation", "otid"],
+                condition=~Q(otid="") & Q(run__isnull=False),
+                nulls_distinct=False,  # the default conversation is NULL
+                name="message_otid_once_per_conversation",
+            ),
         ]
         indexes = [
             models.Index(fields=["agent", "conversation", "sequence_id"], name="message_agent_conv_seq_idx"),

@@ -852,3 +852,31 @@ def test_an_organisations_step_limit_is_edited_in_the_admin(admin_client, org):
 
     assert 'name="max_steps_limit"' in page.content.decode()
     assert "column-max_steps_limit" in listing.content.decode()
+
+
+def test_two_messages_with_one_otid_are_refused(client, actor):
+    agent = new_agent(actor)
+    body = {"messages": [user("a", otid="same")["messages"][0], user("b", otid="same")["messages"][0]]}
+
+    response = client.post(f"/v1/agents/{agent.id}/messages", body, format="json")
+
+    assert response.status_code in (400, 422)
+    assert "same otid" in json.dumps(response.json())
+    assert not Run.objects.for_actor(actor).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_refuses_a_second_run_for_one_otid(actor):
+    # What keeps two concurrent resends (both past run_find_by_otids) from creating two runs: the
+    # agent lock orders their inserts and the unique constraint refuses the second.
+    from django.db import IntegrityError
+
+    from apps.agents.services import MessageIn, run_create
+
+    agent = new_agent(actor)
+    run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="hi", otid="otid-race")])
+
+    with pytest.raises(IntegrityError):
+        run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="hi", otid="otid-race")])
+
+    assert Run.objects.for_actor(actor).count() == 1

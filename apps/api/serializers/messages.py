@@ -122,6 +122,9 @@ class LettaRequestIn(serializers.Serializer):
             attrs["parsed"] = ([MessageIn(content=_content(attrs["input"], "input"))], None)
         else:
             attrs["parsed"] = _parse_items(attrs["messages"])
+        otids = [m.otid for m in attrs["parsed"][0] if m.otid]
+        if len(otids) != len(set(otids)):  # each otid takes one message (message_otid_once_per_conversation)
+            raise serializers.ValidationError({"messages": "Two messages have the same otid."})
         return attrs
 
     def to_request(self) -> SendRequest:

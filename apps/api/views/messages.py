@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 from django.conf import settings
+from django.db import IntegrityError
 from django.http import HttpResponse
 from django.urls import re_path
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -96,9 +97,17 @@ class MessageSendApiView(OrgApiView):
         existing = agent_selectors.run_find_by_otids(actor=self.actor, agent_id=agent_id, otids=send.otids)
         if existing is not None:
             return existing
-        run = agent_services.run_create(
-            actor=self.actor, agent_id=agent_id, conversation_id=conversation_id, **send.run_inputs()
-        )
+        try:
+            run = agent_services.run_create(
+                actor=self.actor, agent_id=agent_id, conversation_id=conversation_id, **send.run_inputs()
+            )
+        except IntegrityError:  # a concurrent resend took the otid first (message_otid_once_per_conversation)
+            existing = agent_selectors.run_find_by_otids(
+                actor=self.actor, agent_id=agent_id, otids=send.otids
+            )
+            if existing is None:
+                raise
+            return existing
         agent_services.run_submit(run)
         return run
 
