@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import httpcore
@@ -47,6 +47,7 @@ from apps.llm.errors import (
     LLMCallCancelled,
     LLMDeadlineExceeded,
     LLMError,
+    for_tenant,
 )
 
 logger = logging.getLogger(__name__)
@@ -159,7 +160,34 @@ def classify(exc: BaseException, *, attempts: int, label: str) -> _Failure:
 
     litellm's own exception classes carry a status even when no HTTP response said so (a 200 whose body
     is not JSON surfaces as a "500"), so the status is taken from the httpx error underneath instead.
+
+    The error's message is what a tenant reads (run.error, API details), also for the deployment's own
+    providers (OPENAI_BASE_URL, ...): `for_tenant`'s summary (the kind of failure, the HTTP status) plus
+    the provider's own JSON `error.message`, never a URL, a host name or a body that is not JSON. The
+    full error goes to the server log.
     """
+    failure = _classify(exc, attempts=attempts, label=label)
+    failure.error.__cause__ = exc
+    told = for_tenant(failure.error, handle=label)
+    if told is failure.error:
+        return failure
+    words = str(getattr(failure.error, "provider_message", ""))
+    if isinstance(told, ContextWindowExceeded):
+        told = ContextWindowExceeded(
+            f"{told.message}: {words}" if words else told.message, provider_message=words
+        )
+    elif isinstance(told, LLMApiError):
+        told = LLMApiError(
+            f"{told.message}: {words}" if words else told.message,
+            status=told.status,
+            provider_message=words,
+            attempts=told.attempts,
+        )
+    logger.info("llm.provider_failed", extra={"llm_target": label, "error": str(failure.error)})
+    return replace(failure, error=told)
+
+
+def _classify(exc: BaseException, *, attempts: int, label: str) -> _Failure:
     chain = list(_chain(exc))
     if any(_is_context_overflow(e) for e in chain):
         message = _provider_message(chain, exc)
@@ -198,8 +226,9 @@ def classify(exc: BaseException, *, attempts: int, label: str) -> _Failure:
             transient=True,
         )
     if any(isinstance(e, litellm.exceptions.MidStreamFallbackError) for e in chain):
-        # An error event inside a stream (the direct client raises LLMApiError for it itself).
-        message = _provider_message(chain, exc)
+        # An error event inside a stream (the direct client raises LLMApiError for it itself): the
+        # provider's words from the event, as litellm quotes them.
+        message = _provider_message(chain, exc) or str(exc)
         return _Failure(
             LLMApiError(
                 f"{label}: the provider ended the stream with an error: {message}",
@@ -269,7 +298,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _provider_message(chain: list[BaseException], exc: BaseException) -> str:
-    """The provider's own words: `error.message` in OpenAI's and Anthropic's error bodies."""
+    """The provider's own words: `error.message` in OpenAI's and Anthropic's error bodies; "" when the
+    body is not such JSON (then `exc`'s own text, with the URL and maybe the body, is for the log only)."""
     for error in chain:
         body = getattr(error, "body", None)
         if (
@@ -286,7 +316,7 @@ def _provider_message(chain: list[BaseException], exc: BaseException) -> str:
             inner = payload.get("error") if isinstance(payload, dict) else None
             if isinstance(inner, dict) and isinstance(inner.get("message"), str):
                 return str(inner["message"])
-    return str(exc)
+    return ""
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -26,7 +26,7 @@ def _require_manage(actor: Actor) -> None:
         raise PermissionDenied("Only owners and admins can change the organization's LLM providers.")
 
 
-def _check_base_url(url: str) -> None:
+def check_base_url(url: str) -> None:
     """http(s) with a host the outbound guard lets tenants reach (apps.core.outbound: public addresses;
     a model server on the same machine or network only when the operator allows it, OUTBOUND_ALLOW).
     Raises InvalidInput (OutboundRefused) with the reason."""
@@ -59,7 +59,7 @@ def provider_create(
             "or '.', at most 100 characters, without '/'."
         )
     if base_url:
-        _check_base_url(base_url)
+        check_base_url(base_url)
     missing = provider_missing(provider_type=provider_type, api_key=api_key, base_url=base_url)
     if missing:
         raise InvalidInput(f"{Provider.Type(provider_type).label} providers need {missing}.")

@@ -44,7 +44,15 @@ class RunLimits:
 
 
 class RunnerProblem(Exception):
-    """The runner could not be asked, or refused: the message is safe to show (no token)."""
+    """The runner could not be asked, or refused. The message is what a tool result may say (no token, no
+    runner address, no network error text); `detail`, for the server log only, says more."""
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+UNREACHABLE = "the sandbox runner could not be reached"
 
 
 _clients: dict[str | None, httpx.Client] = {}  # by Unix socket path (None: TCP)
@@ -114,7 +122,7 @@ def _endpoint(path: str) -> tuple[httpx.Client, str]:
     try:
         uds = unix_socket_path(url)
     except ValueError as exc:
-        raise RunnerProblem(f"SANDBOX_RUNNER_URL is not usable: {exc}") from None
+        raise RunnerProblem(UNREACHABLE, detail=f"SANDBOX_RUNNER_URL is not usable: {exc}") from None
     if uds is None:
         return _http(), url.rstrip("/") + path
     return _http(uds), UNIX_BASE_URL + path
@@ -135,7 +143,7 @@ def runner_answers(*, ttl_seconds: float = 30.0) -> bool:
     try:
         answers = _health_call()
     except RunnerProblem as exc:
-        logger.warning("sandbox.runner_unavailable", extra={"runner": shown_url(url), "error": str(exc)})
+        logger.warning("sandbox.runner_unavailable", extra={"runner": shown_url(url), "error": exc.detail})
         answers = False
     _health = (url, answers, now)
     return answers
@@ -146,7 +154,7 @@ def _health_call() -> bool:
     try:
         response = client.get(url, headers=_headers(), timeout=HEALTH_TIMEOUT_SECONDS)
     except httpx.HTTPError as exc:
-        raise RunnerProblem(_unreachable(exc)) from None
+        raise RunnerProblem(UNREACHABLE, detail=_unreachable(exc)) from None
     if response.status_code not in (200, 503):
         raise RunnerProblem(_refused(response))
     try:
@@ -195,17 +203,18 @@ def run_in_runner(
             response = client.post(url, json=payload, headers=_headers(), timeout=timeout)
         except httpx.TimeoutException:
             raise RunnerProblem(
-                f"the sandbox runner at {shown_url(settings.SANDBOX_RUNNER_URL)} did not answer within "
-                f"{timeout.read:g} s"
+                f"the sandbox runner did not answer within {timeout.read:g} s",
+                detail=f"the sandbox runner at {shown_url(settings.SANDBOX_RUNNER_URL)} did not answer "
+                f"within {timeout.read:g} s",
             ) from None
         except httpx.HTTPError as exc:
             forget_health()  # the runner went away: the next call asks again (and may fall back)
-            raise RunnerProblem(_unreachable(exc)) from None
+            raise RunnerProblem(UNREACHABLE, detail=_unreachable(exc)) from None
         if response.status_code != 200:
             raise RunnerProblem(_refused(response))
         return _outcome(response)
     except RunnerProblem as exc:
-        logger.warning("sandbox.runner_failed", extra={"tool": name, "error": str(exc)})
+        logger.warning("sandbox.runner_failed", extra={"tool": name, "error": exc.detail})
         return SandboxOutcome(
             False, None, "", "", f"Tool '{name}' could not run in the Docker sandbox: {exc}"
         )

@@ -4,12 +4,13 @@ from django import forms
 from django.contrib import admin
 
 from apps.accounts.admin_base import OrgScopedAdmin, secret_form
-from apps.tools.mcp import stdio_refusal
-from apps.tools.models import MCPServer, Tool
+from apps.tools.mcp import http_target_refusal, stdio_refusal
+from apps.tools.models import MCPServer, Tool, parse_string_map
 
 
 class MCPServerAdminForm(secret_form(MCPServer, ("env_json", "auth_token", "custom_headers_json"))):  # type: ignore[misc]
-    """The same rule as the API: a stdio server's command must be one the operator allows."""
+    """The same rules as the API: a stdio server's command must be one the operator allows; an HTTP
+    server's URL must pass the outbound guard and its headers carry no metadata or hop-by-hop names."""
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -17,6 +18,16 @@ class MCPServerAdminForm(secret_form(MCPServer, ("env_json", "auth_token", "cust
             reason = stdio_refusal((cleaned.get("command") or "").strip())
             if reason:
                 raise forms.ValidationError({"command": reason})
+        elif cleaned.get("server_url"):
+            try:
+                names = list(parse_string_map(cleaned.get("custom_headers_json") or ""))
+            except ValueError:
+                names = []  # the model's own clean says what is wrong with it
+            if cleaned.get("auth_header"):
+                names.append(cleaned["auth_header"])
+            reason = http_target_refusal(cleaned["server_url"].strip(), names)
+            if reason:
+                raise forms.ValidationError({"server_url": reason})
         return cleaned
 
 

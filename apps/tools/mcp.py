@@ -47,7 +47,7 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult
+from mcp_types import PARSE_ERROR, CallToolResult
 
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
@@ -388,9 +388,12 @@ def _describe_failure(exc: BaseException, target: McpTarget, timeout: float) -> 
         return f"cannot reach the MCP server ({target.label})"
     if isinstance(first, httpx2.TransportError):
         return f"the connection to the MCP server ({target.label}) failed"
-    if isinstance(first, MCPError):
+    if isinstance(first, MCPError) and first.code != PARSE_ERROR:
         return f"the MCP server ({target.label}) failed: {first}"
-    return f"the MCP server ({target.label}) failed: {type(first).__name__}: {first}"
+    # Anything else (an answer that is no MCP message: the SDK's parse error quotes it; a library's own
+    # error) may carry what came back, e.g. an internal service's body: the detail is for the server log.
+    logger.warning("mcp.failure_detail", exc_info=first, extra={"mcp_target": target.label})
+    return f"the MCP server ({target.label}) could not be reached or did not answer as an MCP server"
 
 
 def _tail(errlog: IO[str] | None) -> str:
@@ -556,6 +559,17 @@ def _validated_url(url: str) -> str:
         raise InvalidInput(f"server_url must be an http:// or https:// URL, got '{url}'")
     check_url(url, what="server_url")
     return url
+
+
+def http_target_refusal(url: str, header_names: list[str]) -> str | None:
+    """Why an HTTP MCP server with this URL and these headers may not be stored (None: it may): the same
+    checks as mcp_server_create, for forms that save rows themselves (the admin)."""
+    try:
+        check_headers(header_names)  # first: it needs no name lookup
+        _validated_url(url)
+    except InvalidInput as exc:
+        return exc.message
+    return None
 
 
 @dataclass

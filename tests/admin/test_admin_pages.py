@@ -199,3 +199,42 @@ def test_an_over_limit_value_in_the_admin_shows_a_clear_error(client, user, acto
     assert response.status_code == 200
     assert "longer than its limit" in response.content.decode()
     assert Block.all_objects.count() == 0
+
+
+def test_the_admin_refuses_a_provider_url_the_outbound_guard_refuses(org, admin_client):
+    from apps.llm.models import Provider
+
+    form = {
+        "organization": org.id,
+        "name": "metadata",
+        "provider_type": "openai_compatible",
+        "api_key": "",
+        "base_url": "http://169.254.169.254/v1",
+    }
+
+    response = admin_client.post(reverse("admin:llm_provider_add"), form)
+
+    assert response.status_code == 200
+    assert "169.254.169.254" in response.content.decode()
+    assert not Provider.all_objects.filter(organization=org).exists()
+
+
+def test_the_admin_refuses_an_mcp_server_with_a_metadata_header(org, admin_client):
+    form = {
+        "organization": org.id,
+        "server_name": "remote",
+        "server_type": "streamable_http",
+        "server_url": "https://mcp.example.com/mcp",
+        "command": "",
+        "args": "[]",
+        "env_json": "",
+        "auth_header": "",
+        "auth_token": "",
+        "custom_headers_json": '{"Metadata-Flavor": "Google"}',
+    }
+
+    response = admin_client.post(reverse("admin:tools_mcpserver_add"), form)
+
+    assert response.status_code == 200
+    assert "Metadata-Flavor" in response.content.decode()
+    assert not MCPServer.all_objects.filter(organization=org).exists()

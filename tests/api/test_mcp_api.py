@@ -689,3 +689,68 @@ def test_mcp_server_lifecycle_through_the_sdk(live_server, actor):
     assert (ran.status, ran.func_return) == ("success", "5")
     assert updated.server_name == "renamed"
     assert MCPServer.objects.for_actor(actor).count() == 0
+
+
+class _NotAnMcpServer:
+    """An HTTP server on loopback that answers every request 200 with JSON that is no MCP message (an
+    internal service a tenant pointed a server at): its body must not come back to the tenant."""
+
+    BODY = b'{"internal": "MARKER-7731 not for tenants"}'
+
+    def __enter__(self) -> str:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        body = self.BODY
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_port}/mcp"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("server_type", ["streamable_http", "sse"])
+def test_a_server_that_answers_no_mcp_is_a_plain_502_without_its_body(
+    actor, api_client_for, settings, server_type, caplog
+):
+    settings.MCP_LIST_TOOLS_TIMEOUT = 5
+    with _NotAnMcpServer() as url:
+        server, _ = mcp_server_create(
+            actor=actor,
+            server_name="internal",
+            server_type=server_type,
+            server_url=url,
+            register_tools=False,
+        )
+        response = api_client_for(actor).patch(f"/v1/mcp-servers/{server.id}/refresh")
+
+    assert response.status_code == 502
+    assert "MARKER-7731" not in response.text
+    origin = url.removesuffix("/mcp")
+    assert response.json() == {
+        "detail": f"the MCP server ({origin}) could not be reached or did not answer as an MCP server"
+        if server_type == "streamable_http"
+        else f"the connection to the MCP server ({origin}) failed",  # SSE: not an event stream at all
+        "code": "mcp_server_error",
+    }
+    if server_type == "streamable_http":
+        logged = [r for r in caplog.records if r.getMessage() == "mcp.failure_detail"]
+        assert logged
+        assert "MARKER-7731" in str(logged[0].exc_info[1])

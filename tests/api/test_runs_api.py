@@ -20,6 +20,7 @@ from apps.core.actor import Actor
 from apps.streams.events import append_event, end_stream
 from tests.api.test_messages_api import AUTH_QUERIES, new_agent, sse_events, types
 from tests.factories import MessageFactory
+from tests.support.scripted_llm import error
 
 
 @pytest.fixture
@@ -491,3 +492,66 @@ def test_a_list_walked_with_after_ends_on_an_empty_page(client, actor, template)
 
     everything = client.get(path + ("&" if "?" in path else "?") + "limit=1000").json()
     assert len(seen) == len(set(seen)) == len({item["id"] for item in everything}) >= 5
+
+
+# --- what a failed run says about the deployment's provider -----------------------------------------------
+
+
+@pytest.fixture
+def failing_provider(llm, settings):  # type: ignore[no-untyped-def]
+    """The deployment's OpenAI provider (OPENAI_BASE_URL) on loopback, answering every call HTTP 500
+    with a body that is not JSON (an internal proxy's page) and carries a marker."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = b"<html>MARKER-5521 upstream gateway internal-lb-7.corp failed</html>"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.OPENAI_BASE_URL = f"http://127.0.0.1:{server.server_port}/v1"
+    yield server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.django_db
+def test_a_failed_runs_error_names_no_deployment_url_nor_body(client, actor, send, failing_provider):
+    agent = new_agent(actor)
+
+    failed = send(agent, "hi")
+    body = client.get(f"/v1/runs/{failed.run.id}").json()
+
+    assert failed.stop_reason == "llm_api_error"
+    message = str(body["metadata"]["error"])
+    assert "HTTP 500" in message
+    for leak in ("MARKER-5521", "internal-lb", "127.0.0.1", "<html>"):
+        assert leak not in str(body)
+    assert f":{failing_provider}" not in message
+    assert str(failing_provider) not in message
+
+
+@pytest.mark.django_db
+def test_a_failed_runs_error_keeps_no_scripted_url(client, actor, send, llm, scripted_server):
+    agent = new_agent(actor)
+    llm.push(error(500, "upstream exploded", times=3))
+
+    failed = send(agent, "hi")
+    body = client.get(f"/v1/runs/{failed.run.id}").json()
+
+    assert failed.stop_reason == "llm_api_error"
+    message = str(body["metadata"]["error"])
+    assert "HTTP 500" in message
+    assert "127.0.0.1" not in str(body)
+    assert str(scripted_server.port) not in message

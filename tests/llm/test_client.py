@@ -834,7 +834,7 @@ def test_a_retry_never_waits_past_the_deadline(settings, target: ModelTarget, ll
 
     assert time.monotonic() - started < 1.0  # failed at once rather than sleeping into the deadline
     assert info.value.message.startswith("openai/scripted-chat: the model did not answer within 2 s")
-    assert "(last failure: openai/scripted-chat: provider answered HTTP 503" in info.value.message
+    assert "(last failure: openai/scripted-chat: the provider answered HTTP 503" in info.value.message
     assert len(llm.chat_requests()) == 1
 
 
