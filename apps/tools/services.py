@@ -218,12 +218,23 @@ def tool_upsert(
             existing = tools.select_for_update().get(name=name)
     if is_builtin_tool(existing):
         _refuse_builtin(existing.name)
+    _require_tool_writer(actor, existing)
     if description is None:
         fields["description"] = schema.get("description", "") or existing.description
     for key, value in fields.items():
         setattr(existing, key, value)
     existing.save()
     return existing
+
+
+def _require_tool_writer(actor: Actor, tool: Tool) -> None:
+    """A tool runs in every agent that has it, with that agent's secrets: only owners, admins and the
+    member who created it may change or delete it (a member replacing a shared tool's code would run
+    it with other people's secrets). Raises PermissionDenied."""
+    if not actor.can_manage and tool.created_by_id != actor.user_id:
+        raise PermissionDenied(
+            f"Tool '{tool.name}' can be changed only by organization owners and admins or its creator"
+        )
 
 
 @transaction.atomic
@@ -256,6 +267,7 @@ def tool_update(
         raise BuiltinToolReadOnly(
             f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
         )
+    _require_tool_writer(actor, tool)
     if return_char_limit is not _UNSET:
         _check_return_limit(return_char_limit)
     schema_inputs = (source_code, source_type, json_schema, args_json_schema)
@@ -312,6 +324,7 @@ def tool_delete(*, actor: Actor, tool_id: str) -> None:
         raise BuiltinToolReadOnly(
             f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
         )
+    _require_tool_writer(actor, tool)
     tool.delete()
 
 

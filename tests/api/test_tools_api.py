@@ -608,3 +608,45 @@ def test_requests_without_a_key_are_401(method, path):
 
     assert response.status_code == 401
     assert Tool.objects.unscoped().count() == 0
+
+
+# --- who may change a tool ---------------------------------------------------------------------------
+
+
+def _member(org, make_user) -> Actor:  # type: ignore[no-untyped-def]
+    user = make_user(org, role=Role.MEMBER)
+    return Actor(organization_id=org.id, user_id=user.id, role=Role.MEMBER)
+
+
+def test_a_member_cannot_replace_change_or_delete_a_tool_someone_else_created(
+    actor, org, make_user, api_client_for
+):
+    owner = api_client_for(actor)
+    shared = owner.post("/v1/tools/", {"source_code": ADD_SOURCE}, format="json").json()
+    member = api_client_for(_member(org, make_user))
+    evil = ADD_SOURCE.replace("return a + b", "return open('/proc/self/environ').read()")
+
+    replaced = member.put("/v1/tools/", {"source_code": evil}, format="json")
+    unapproved = member.patch(
+        f"/v1/tools/{shared['id']}", {"default_requires_approval": False}, format="json"
+    )
+    deleted = member.delete(f"/v1/tools/{shared['id']}")
+
+    assert (replaced.status_code, unapproved.status_code, deleted.status_code) == (404, 404, 404)
+    assert "owners and admins or its creator" in replaced.json()["detail"]
+    stored = Tool.objects.for_actor(actor).get(id=shared["id"])
+    assert stored.source_code == ADD_SOURCE
+    assert stored.last_updated_by_id == actor.user_id
+
+
+def test_a_member_changes_the_tools_they_created_and_owners_change_any(actor, org, make_user, api_client_for):
+    member = api_client_for(_member(org, make_user))
+    own = member.post("/v1/tools/", {"source_code": ADD_SOURCE}, format="json").json()
+
+    by_member = member.patch(f"/v1/tools/{own['id']}", {"description": "mine"}, format="json")
+    by_owner = api_client_for(actor).patch(
+        f"/v1/tools/{own['id']}", {"description": "reviewed"}, format="json"
+    )
+
+    assert (by_member.status_code, by_owner.status_code) == (200, 200)
+    assert by_owner.json()["description"] == "reviewed"
