@@ -116,6 +116,17 @@ def celery_worker(
     worker.stop()
 
 
+@pytest.fixture(autouse=True)
+def _worker_idle_before_the_database_is_flushed(request, _django_db_helper) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """A test that used the worker ends only when the worker has no task left: a run it is still
+    finishing (a cancelled one writes its end, then its traces) would otherwise hold row locks while
+    the transactional test's flush truncates every table, and the two deadlock. Set up after the
+    database fixture, so torn down before its flush."""
+    yield
+    if "celery_worker" in request.fixturenames:
+        request.getfixturevalue("celery_worker").wait_idle()
+
+
 # --- agents ---------------------------------------------------------------------------------------------
 
 

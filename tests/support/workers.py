@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,6 +88,23 @@ class WorkerProcess:
                 raise RuntimeError(f"worker {self.name} did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.2)
         return self
+
+    @property
+    def hostname(self) -> str:
+        return f"{self.name}@{socket.gethostname()}"
+
+    def wait_idle(self, timeout: float = 20) -> None:
+        """Until the worker has no task running or reserved (asked over the broker; each answer comes at
+        once: one destination, limit 1). A worker that does not answer is taken as idle."""
+        from config.celery import app
+
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            inspect = app.control.inspect(destination=[self.hostname], timeout=2.0, limit=1)
+            replies = (inspect.active() or {}, inspect.reserved() or {})
+            if not any(tasks for reply in replies for tasks in reply.values()):
+                return
+            time.sleep(0.1)
 
     def kill(self) -> None:
         """SIGKILL the whole process group (main process and its pool children)."""
