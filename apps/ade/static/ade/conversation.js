@@ -189,7 +189,13 @@
     provisionalFoot(turn, stopReason);
     updateComposer();
     emit("ade:run-end", { run_id: runId, status, stop_reason: stopReason });
-    const fresh = await refreshTurn(turn);
+    let fresh = await refreshTurn(turn);
+    // A run that stopped for approval must come back with its pending approval card: the stream showed
+    // it, and the server's rendering can lag behind the stream's end for a moment (seen under load).
+    for (let tries = 0; fresh && stopReason === "requires_approval" && !fresh.querySelector(".ev-approval.pending") && tries < 20; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      fresh = await refreshTurn(turn);
+    }
     if (fresh && turn.isConnected) {
       fresh.dataset.finished = "1";
       keepScrolled(() => turn.replaceWith(fresh));
