@@ -14,6 +14,7 @@ groups, MCP servers and skills are not supported yet: import ignores them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,9 +26,11 @@ from apps.agents.loop.convert import text_of
 from apps.agents.models import Agent, AgentSecret, AgentType, Conversation, Message
 from apps.agents.selectors import agent_get
 from apps.agents.services import BlockSpec, agent_create, agent_update
+from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import DomainError, InvalidInput, NotFound
+from apps.core.errors import DomainError, InvalidInput, NotFound, PermissionDenied
 from apps.core.jsondepth import nesting_exceeds
+from apps.core.permissions import Action
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
 from apps.memory import services as memory_services
 from apps.memory.models import Block
@@ -38,6 +41,7 @@ from apps.tools.services import (
     ToolSourceTooLarge,
     check_source_size,
     is_builtin_tool,
+    require_tool_writer,
     tool_upsert,
     tool_upsert_builtins,
 )
@@ -462,6 +466,24 @@ def parse_agent_file(raw: bytes | str) -> AgentFile:
         raise AgentFileError(f"Invalid agent file: {problems}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Something in the file the importer may not bring in; the rest of the import goes ahead."""
+
+    kind: str  # "tool" or "message"
+    name: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    agent_ids: list[str]
+    refused: list[Refusal] = field(default_factory=list)
+
+
 @transaction.atomic
 def agent_import(
     *,
@@ -474,16 +496,24 @@ def agent_import(
     model: str | None = None,
     embedding: str | None = None,
     secrets: dict[str, str] | None = None,
-) -> list[str]:
-    """Create the file's agents (with new blocks, their tools and in-context messages); returns their ids.
+) -> ImportResult:
+    """Create the file's agents (with new blocks, their tools and in-context messages).
 
     Tools are matched by name: built-ins are this server's own; a user tool of the same name is reused,
-    or overwritten with the file's definition when `override_existing_tools`. `name`/`model`/`embedding`
-    override the file's; `secrets` fill the values export left empty. All or nothing: raises
-    AgentFileError (dangling references, duplicate ids), ToolSchemaError, InvalidInput, ...
+    or overwritten with the file's definition when `override_existing_tools` and the role matrix lets
+    the importer change that tool. `name`/`model`/`embedding` override the file's; `secrets` fill the
+    values export left empty. Only owners and admins (AGENT_FILE_IMPORT_AS_IS) bring in tools bound to
+    MCP servers and a pending approval request; for others they are left out and listed in `refused`,
+    with tools kept rather than overwritten. Otherwise all or nothing: raises AgentFileError (dangling
+    references, duplicate ids), ToolSchemaError, InvalidInput, ...
     """
     _check_references(file)
-    tool_map = _import_tools(actor, file.tools, override_existing_tools=override_existing_tools)
+    refused: list[Refusal] = []
+    as_is = permissions.allows(actor, Action.AGENT_FILE_IMPORT_AS_IS)
+    tool_map = _import_tools(
+        actor, file.tools, override_existing_tools=override_existing_tools, as_is=as_is, refused=refused
+    )
+    refused_tools = {r.name for r in refused if r.kind == "tool" and not r.reason.startswith(KEPT)}
     block_map = {block.id: _create_block(actor, block).id for block in file.blocks if block.id is not None}
     agent_ids = []
     for file_agent in file.agents:
@@ -497,11 +527,15 @@ def agent_import(
             model=model,
             embedding=embedding,
             secrets=secrets or {},
+            leave_out_tools=refused_tools,
         )
         if not strip_messages:
-            _import_messages(actor, agent, file_agent)
+            _import_messages(actor, agent, file_agent, as_is=as_is, refused=refused)
         agent_ids.append(agent.id)
-    return agent_ids
+    return ImportResult(agent_ids=agent_ids, refused=refused)
+
+
+KEPT = "kept the organisation's tool of this name"
 
 
 def _check_references(file: AgentFile) -> None:
@@ -539,8 +573,17 @@ def _check_references(file: AgentFile) -> None:
         raise AgentFileError(f"Invalid agent file: {'; '.join(problems)}")
 
 
-def _import_tools(actor: Actor, tools: list[FileTool], *, override_existing_tools: bool) -> dict[str, Tool]:
-    """File tool id -> server tool. Built-ins this server does not implement are left out."""
+def _import_tools(
+    actor: Actor,
+    tools: list[FileTool],
+    *,
+    override_existing_tools: bool,
+    as_is: bool,
+    refused: list[Refusal],
+) -> dict[str, Tool]:
+    """File tool id -> server tool. Built-ins this server does not implement are left out, and so are
+    (unless `as_is`) tools bound to an MCP server: the importer would mint a callable tool on a server
+    someone else registered."""
     builtin_names = [t.name for t in tools if t.name in BUILTIN_TOOLS]
     builtins = tool_upsert_builtins(actor=actor, names=builtin_names) if builtin_names else {}
     mapped: dict[str, Tool] = {}
@@ -553,6 +596,22 @@ def _import_tools(actor: Actor, tools: list[FileTool], *, override_existing_tool
         existing = tool_get_by_name(actor=actor, name=tool.name) if tool.name else None
         if existing is not None and (not override_existing_tools or is_builtin_tool(existing)):
             mapped[tool.id] = existing
+            continue
+        if existing is not None:
+            try:
+                require_tool_writer(actor, existing)
+            except PermissionDenied as exc:
+                refused.append(Refusal("tool", existing.name, f"{KEPT}, not overwritten: {exc.message}"))
+                mapped[tool.id] = existing
+                continue
+        if tool.tool_type == Tool.Type.EXTERNAL_MCP and not as_is:
+            refused.append(
+                Refusal(
+                    "tool",
+                    tool.name or tool.id,
+                    "left out: only owners and admins bring in tools bound to MCP servers",
+                )
+            )
             continue
         if not tool.source_code:
             raise AgentFileError(f"Invalid agent file: tool {tool.id} ('{tool.name}') has no source_code")
@@ -617,6 +676,7 @@ def _create_agent(
     model: str | None,
     embedding: str | None,
     secrets: dict[str, str],
+    leave_out_tools: set[str],
 ) -> Agent:
     llm = file_agent.llm_config or FileLLMConfig()
     emb = file_agent.embedding_config or FileEmbeddingConfig()
@@ -647,7 +707,7 @@ def _create_agent(
         ],
         block_ids=[block_map[i] for i in file_agent.block_ids or []],
         tool_ids=list(dict.fromkeys(tool_map[i].id for i in file_agent.tool_ids or [] if i in tool_map)),
-        tools=file_agent.tools or [],
+        tools=[name for name in file_agent.tools or [] if name not in leave_out_tools],
         include_base_tools=file_agent.include_base_tools,
         tool_rules=file_agent.tool_rules or [],
         tags=file_agent.tags or [],
@@ -693,16 +753,24 @@ def _import_tool_returns(items: list[dict[str, Any]] | None) -> list[dict[str, A
     return returns
 
 
-def _import_messages(actor: Actor, agent: Agent, file_agent: FileAgent) -> None:
+def _import_messages(
+    actor: Actor, agent: Agent, file_agent: FileAgent, *, as_is: bool, refused: list[Refusal]
+) -> None:
     """Store the file's messages under new ids (keeping their timestamps) and set the agent's context.
 
     Letta files start the context with the compiled system prompt as a system message; this server
-    compiles the prompt for every step instead, so that message is not imported.
+    compiles the prompt for every step instead, so that message is not imported. Unless `as_is`, a
+    pending approval request (the context's last message) is left out: the file's author wrote that
+    tool call, and approving it would run their arguments.
     """
-    first = file_agent.in_context_message_ids[0] if file_agent.in_context_message_ids else None
+    context = file_agent.in_context_message_ids
+    first = context[0] if context else None
+    pending = _pending_approval_id(file_agent) if not as_is else None
+    if pending is not None:
+        refused.append(Refusal("message", pending, "left out: a pending approval request is not imported"))
     rows: dict[str, Message] = {}
     for item in file_agent.messages:
-        if item.id == first and item.role == "system" and not item.name:
+        if (item.id == first and item.role == "system" and not item.name) or item.id == pending:
             continue
         content = _import_content(item.content)
         tool_returns = _import_tool_returns(item.tool_returns)
@@ -743,6 +811,17 @@ def _import_messages(actor: Actor, agent: Agent, file_agent: FileAgent) -> None:
         Agent.objects.for_actor(actor).filter(id=agent.id).update(message_ids=agent.message_ids)
 
 
+def _pending_approval_id(file_agent: FileAgent) -> str | None:
+    """The id of the context's last message when it is an approval request awaiting a decision."""
+    if not file_agent.in_context_message_ids:
+        return None
+    last_id = file_agent.in_context_message_ids[-1]
+    last = next((m for m in file_agent.messages if m.id == last_id), None)
+    if last is not None and last.role == "approval" and last.tool_calls and last.approvals is None:
+        return last.id
+    return None
+
+
 # --- clone --------------------------------------------------------------------------------------------
 
 CLONE_SUFFIX = " copy"
@@ -752,11 +831,14 @@ CLONE_SUFFIX = " copy"
 def agent_clone(*, actor: Actor, agent_id: str, name: str | None = None) -> Agent:
     """A new agent configured as this one: copies of its blocks (never shared), the same tools, tool rules,
     model settings and secret values, and its sleeptime setting; no messages. Named "<name> copy" unless
-    `name` is given. Raises AgentNotFound, InvalidInput."""
+    `name` is given; secret values only for who may configure the source (others get the keys, as an
+    export gives them). Raises AgentNotFound, InvalidInput."""
     source = agent_get(actor=actor, agent_id=agent_id)
     document = agent_export(actor=actor, agent_id=agent_id, scrub_messages=True)
+    may_configure = permissions.allows(actor, Action.AGENT_CONFIGURE, creator_id=source.created_by_id)
     secrets = {
-        secret.key: secret.value for secret in AgentSecret.objects.for_actor(actor).filter(agent=source)
+        secret.key: secret.value if may_configure else ""
+        for secret in AgentSecret.objects.for_actor(actor).filter(agent=source)
     }
     max_base = 200 - len(CLONE_SUFFIX)
     (new_id,) = agent_import(
@@ -767,7 +849,7 @@ def agent_clone(*, actor: Actor, agent_id: str, name: str | None = None) -> Agen
         strip_messages=True,
         name=name or f"{source.name[:max_base].rstrip()}{CLONE_SUFFIX}",
         secrets=secrets,
-    )
+    ).agent_ids
     Agent.objects.for_actor(actor).filter(id=new_id).update(
         context_window_limit=source.context_window_limit,
         sleeptime_agent_frequency=source.sleeptime_agent_frequency,

@@ -40,14 +40,17 @@ from apps.agents.selectors import (
     run_stop_reason,
     run_usage_event,
 )
+from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.db import insert_all, release_pooled_connection, row_reader
-from apps.core.errors import InvalidInput, NotFound, PermissionDenied
+from apps.core.errors import InvalidInput, NotFound
+from apps.core.permissions import Action
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
+from apps.memory import archival
 from apps.memory import services as memory_services
 from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
-from apps.memory.models import AgentBlock, Block
+from apps.memory.models import AgentBlock, Archive, Block, Passage
 from apps.memory.selectors import block_get
 from apps.memory.services import UNSET
 from apps.streams.events import StreamEvent, end_stream, follow_events, read_events, request_cancel
@@ -225,8 +228,15 @@ def _tools_by_name(
     return [found[n] for n in wanted]
 
 
+def require_agent_permission(actor: Actor, agent: Agent, action: Action = Action.AGENT_CONFIGURE) -> None:
+    """The role matrix for an agent the actor can see: its creator, owners and admins configure it.
+    Raises PermissionDenied (403 with the reason)."""
+    permissions.require(actor, action, creator_id=agent.created_by_id, subject=f"agent '{agent.name}'")
+
+
 def agent_attach_block(*, actor: Actor, agent: Agent, block_id: str) -> Block:
-    """Raises BlockNotFound (also for other organisations' blocks) and DuplicateBlockLabel."""
+    """Raises BlockNotFound (also for other organisations' blocks), DuplicateBlockLabel, PermissionDenied
+    (a writable block someone else created)."""
     block = block_get(actor=actor, block_id=block_id)
     memory_services.block_attach_to_agent(actor=actor, agent_id=agent.id, block=block)
     return block
@@ -234,6 +244,7 @@ def agent_attach_block(*, actor: Actor, agent: Agent, block_id: str) -> Block:
 
 def agent_detach_block(*, actor: Actor, agent_id: str, block_id: str) -> None:
     agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block_id)
 
 
@@ -247,8 +258,10 @@ def agent_attach_tool(*, actor: Actor, agent: Agent, tool_id: str) -> Tool:
 
 @transaction.atomic
 def agent_set_tool_rules(*, actor: Actor, agent_id: str, tool_rules: list[Any]) -> Agent:
-    """Replace the agent's tool rules. Raises ToolRuleError with a readable message on a bad rule."""
+    """Replace the agent's tool rules (approvals included). Raises ToolRuleError with a readable message
+    on a bad rule, PermissionDenied."""
     agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     agent.tool_rules = dump_tool_rules(parse_tool_rules(tool_rules))
     agent.last_updated_by_id = actor.user_id
     agent.save(update_fields=["tool_rules", "last_updated_by", "updated_at"])
@@ -257,9 +270,19 @@ def agent_set_tool_rules(*, actor: Actor, agent_id: str, tool_rules: list[Any]) 
 
 @transaction.atomic
 def agent_delete(*, actor: Actor, agent_id: str) -> None:
-    """Delete the agent, its messages, runs and steps. Blocks survive if other agents still use them."""
+    """Delete the agent, its messages, runs and steps. Blocks survive if other agents still use them.
+    Owners and admins delete any agent, members the agents they created. Raises AgentNotFound,
+    PermissionDenied."""
     agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent, Action.AGENT_DELETE)
     agent.delete()
+
+
+def agent_reset_messages(*, actor: Actor, agent_id: str) -> Agent:
+    """Empty the context window; every message stays in recall. Raises AgentNotFound, PermissionDenied."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent, Action.AGENT_RESET_MESSAGES)
+    return agent_update(actor=actor, agent_id=agent_id, message_ids=[])
 
 
 @dataclass(frozen=True)
@@ -416,6 +439,10 @@ def run_create(
         )
     if approvals is not None and pending is None:
         raise NoPendingApproval("No tool call is awaiting approval")
+    if approvals and any(item.get("type", "approval") == "approval" for item in approvals):
+        # Approving runs the agent's tool with its secrets: the decision is its creator's (or an admin's).
+        # Returns of client-side tools (type "tool") are the caller's own.
+        require_agent_permission(actor, agent, Action.APPROVAL_RESPOND)
     for message in messages:
         if message.role not in ("user", "system", "assistant"):
             raise InvalidInput(f"Unknown message role {message.role!r}; expected user, system or assistant")
@@ -821,6 +848,7 @@ def agent_update(
     ids), BlockNotFound and DuplicateBlockLabel; nothing is written when it raises.
     """
     agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     changes: dict[str, Any] = {}
     if name is not UNSET:
         changes["name"] = validate_agent_name(name)
@@ -925,8 +953,9 @@ def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) ->
 
 @transaction.atomic
 def agent_attach_tool_by_id(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
-    """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool."""
+    """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool, PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     tool = tool_get(actor=actor, tool_id=tool_id)
     AgentTool.objects.get_or_create(agent=agent, tool=tool)
     return agent
@@ -934,8 +963,10 @@ def agent_attach_tool_by_id(*, actor: Actor, agent_id: str, tool_id: str) -> Age
 
 @transaction.atomic
 def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
-    """Detach a tool; detaching one that is not attached is a no-op. Raises AgentNotFound, NotFound."""
+    """Detach a tool; detaching one that is not attached is a no-op. Raises AgentNotFound, NotFound,
+    PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     tool = tool_get(actor=actor, tool_id=tool_id)
     AgentTool.objects.filter(agent=agent, tool=tool).delete()
     return agent
@@ -943,8 +974,10 @@ def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
 
 @transaction.atomic
 def agent_attach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
-    """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel."""
+    """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel,
+    PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     agent_attach_block(actor=actor, agent=agent, block_id=block_id)
     return agent
 
@@ -952,12 +985,42 @@ def agent_attach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> A
 @transaction.atomic
 def agent_detach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
     """Detach a block; the block itself survives. Raises AgentNotFound, BlockNotFound (also when the block
-    exists but is not attached to this agent)."""
+    exists but is not attached to this agent), PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
     block = block_get(actor=actor, block_id=block_id)
     if not memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id):
         raise BlockNotFound(f"Block with id '{block_id}' is not attached to agent '{agent_id}'")
     return agent
+
+
+def agent_passage_insert(
+    *, actor: Actor, agent_id: str, text: str, tags: list[str] | None = None
+) -> tuple[Archive, list[Passage]]:
+    """Add a passage to the agent's archival memory as the acting person (embedded with the archive's
+    model). Raises AgentNotFound, PermissionDenied, InvalidInput, EmbeddingModelMissing, LLM errors."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archive = archival.agent_archive(
+        actor=actor, agent_id=agent.id, embedding_handle=agent.embedding, embedding_dim=agent.embedding_dim
+    )
+    passages = archival.passage_insert(
+        actor=actor,
+        archive=archive,
+        texts=[text],
+        tags=tags,
+        embedding_handle=archive.embedding or agent.embedding,
+        created_by_id=actor.user_id,
+    )
+    return archive, passages
+
+
+def agent_passage_delete(*, actor: Actor, agent_id: str, passage_id: str) -> None:
+    """Raises AgentNotFound, PermissionDenied, NotFound (a passage of none of the agent's archives)."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archive_ids = [archive.id for archive in archival.agent_archives(actor=actor, agent_id=agent.id)]
+    archival.passage_delete(actor=actor, passage_id=passage_id, archive_ids=archive_ids)
 
 
 def agent_block_update_by_label(*, actor: Actor, agent_id: str, block_label: str, **fields: Any) -> Block:
@@ -1019,12 +1082,3 @@ def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency
     agent.sleeptime_agent_frequency = frequency
     agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
     return agent
-
-
-def agent_delete_by_user(*, actor: Actor, agent_id: str) -> None:
-    """Delete an agent on a person's behalf: owners and admins may delete any agent of the organisation,
-    members only the agents they created. Raises AgentNotFound, PermissionDenied."""
-    agent = agent_get(actor=actor, agent_id=agent_id)
-    if not actor.can_manage and agent.created_by_id != actor.user_id:
-        raise PermissionDenied("Only the agent's creator, an owner or an admin can delete this agent.")
-    agent_delete(actor=actor, agent_id=agent_id)

@@ -26,8 +26,9 @@ STATUS_FOR: dict[type[DomainError], int] = {
     NotFound: status.HTTP_404_NOT_FOUND,
     InvalidInput: status.HTTP_400_BAD_REQUEST,
     Conflict: status.HTTP_409_CONFLICT,
-    # A caller without the role sees the same as a caller from elsewhere: nothing leaks.
-    PermissionDenied: status.HTTP_404_NOT_FOUND,
+    # The caller can see the object (it is their organisation's) but their role may not do this: 403
+    # with the reason. What they may not even see is a NotFound (404) raised by the service.
+    PermissionDenied: status.HTTP_403_FORBIDDEN,
     AgentFileTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     MaxStepsExceeded: status.HTTP_422_UNPROCESSABLE_ENTITY,  # a request field out of range, as Letta's 422s
 }

@@ -32,6 +32,7 @@ class Action(StrEnum):
     AGENT_USE = "agent.use"
     AGENT_CONFIGURE = "agent.configure"
     AGENT_DELETE = "agent.delete"
+    AGENT_FILE_IMPORT_AS_IS = "agent.import_as_is"
     AGENT_RESET_MESSAGES = "agent.reset_messages"
     APPROVAL_RESPOND = "agent.approval.respond"
     # Memory blocks, standalone or through an agent (an attached block is shared by its agents).
@@ -71,6 +72,11 @@ MATRIX: dict[Action, Rule] = {
         "switch tool approvals, insert or delete archival passages",
     ),
     Action.AGENT_DELETE: Rule(Who.CREATOR_OR_ADMIN, "delete an agent"),
+    Action.AGENT_FILE_IMPORT_AS_IS: Rule(
+        Who.ADMIN,
+        "import an agent file with its MCP-bound tools and a pending approval (others' imports leave "
+        "them out and list them)",
+    ),
     Action.AGENT_RESET_MESSAGES: Rule(Who.CREATOR_OR_ADMIN, "reset an agent's messages"),
     Action.APPROVAL_RESPOND: Rule(Who.CREATOR_OR_ADMIN, "approve or deny a tool call the agent asked to run"),
     Action.BLOCK_CREATE: Rule(Who.EVERYONE, "create a block"),
@@ -83,7 +89,7 @@ MATRIX: dict[Action, Rule] = {
     ),
     Action.TOOL_RUN_CODE: Rule(Who.ADMIN, "run arbitrary tool code (/v1/tools/run, the ADE's tool runner)"),
     Action.MCP_SERVER_MANAGE: Rule(
-        Who.ADMIN, "see, add, modify, refresh or delete MCP servers, add their tools, bind imported tools"
+        Who.ADMIN, "add, modify, refresh or delete MCP servers, list their tools live, add or run their tools"
     ),
     Action.PROVIDER_MANAGE: Rule(Who.ADMIN, "add or delete LLM providers (BYOK keys)"),
     Action.SANDBOX_MANAGE: Rule(Who.ADMIN, "change sandbox configurations and sandbox variables"),

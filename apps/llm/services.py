@@ -11,9 +11,11 @@ from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
 
+from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import Conflict, InvalidInput, PermissionDenied
+from apps.core.errors import Conflict, InvalidInput
 from apps.core.outbound import check_url
+from apps.core.permissions import Action
 from apps.llm.models import Provider
 from apps.llm.selectors import provider_get, provider_missing
 
@@ -22,8 +24,7 @@ PROVIDER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 def _require_manage(actor: Actor) -> None:
-    if not actor.can_manage:
-        raise PermissionDenied("Only owners and admins can change the organization's LLM providers.")
+    permissions.require(actor, Action.PROVIDER_MANAGE)
 
 
 def check_base_url(url: str) -> None:

@@ -11,9 +11,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.db import insert_sql, mark_saved
 from apps.core.errors import InvalidInput
+from apps.core.permissions import Action
 from apps.memory.errors import BlockConcurrentUpdate, BlockNotFound, BlockTooLong, DuplicateBlockLabel
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
 from apps.memory.selectors import block_get
@@ -112,6 +114,7 @@ def block_update(
     With `expected_version`, fails with BlockConcurrentUpdate if someone else wrote in between.
     """
     block = _lock_block(actor=actor, block_id=block_id)
+    _require_block_writer(actor, block)
     if expected_version is not None and block.version != expected_version:
         raise BlockConcurrentUpdate(
             f"Block '{block.label}' changed since version {expected_version} (now {block.version}); reload it"
@@ -217,7 +220,16 @@ def block_restore(*, actor: Actor, history_id: str) -> Block:
 
 @transaction.atomic
 def block_delete(*, actor: Actor, block_id: str) -> None:
-    block_get(actor=actor, block_id=block_id).delete()
+    """Raises BlockNotFound, PermissionDenied (the role matrix's BLOCK_WRITE)."""
+    block = block_get(actor=actor, block_id=block_id)
+    _require_block_writer(actor, block)
+    block.delete()
+
+
+def _require_block_writer(actor: Actor, block: Block) -> None:
+    permissions.require(
+        actor, Action.BLOCK_WRITE, creator_id=block.created_by_id, subject=f"block '{block.label}'"
+    )
 
 
 def _lock_block(*, actor: Actor, block_id: str) -> Block:
@@ -285,6 +297,8 @@ def block_attach_to_agent(*, actor: Actor, agent_id: str, block: Block) -> Agent
     """
     if block.organization_id != actor.organization_id:
         raise InvalidInput("Block not found")
+    if not block.read_only:  # the agent could rewrite it: attaching is writing
+        _require_block_writer(actor, block)
     existing = AgentBlock.objects.filter(agent_id=agent_id, block_label=block.label).first()
     if existing is not None:
         if existing.block_id == block.id:

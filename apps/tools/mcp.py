@@ -49,9 +49,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import PARSE_ERROR, CallToolResult
 
+from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound
 from apps.core.outbound import OutboundRefused, check_headers, check_url, guarded_async_client
+from apps.core.permissions import Action
 from apps.sandbox import jail
 from apps.tools.execution import ToolContext, ToolResult
 from apps.tools.models import MCPServer, Tool
@@ -548,8 +550,7 @@ def _problems(spec: McpToolSpec) -> list[str]:
 
 
 def _require_manager(actor: Actor) -> None:
-    if not actor.can_manage:
-        raise PermissionDenied("Not found: MCP servers are managed by organization owners and admins")
+    permissions.require(actor, Action.MCP_SERVER_MANAGE)
 
 
 def _validated_url(url: str) -> str:

@@ -7,8 +7,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from apps.core.errors import Conflict, InvalidInput, NotFound
+from apps.core.permissions import Action
 from apps.sandbox.selection import run_in_sandbox
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
 from apps.tools.execution import ToolStatus, cut_to_limit, output_lines, stringify
@@ -218,7 +220,7 @@ def tool_upsert(
             existing = tools.select_for_update().get(name=name)
     if is_builtin_tool(existing):
         _refuse_builtin(existing.name)
-    _require_tool_writer(actor, existing)
+    require_tool_writer(actor, existing)
     if description is None:
         fields["description"] = schema.get("description", "") or existing.description
     for key, value in fields.items():
@@ -227,14 +229,17 @@ def tool_upsert(
     return existing
 
 
-def _require_tool_writer(actor: Actor, tool: Tool) -> None:
+def require_tool_writer(actor: Actor, tool: Tool) -> None:
     """A tool runs in every agent that has it, with that agent's secrets: only owners, admins and the
-    member who created it may change or delete it (a member replacing a shared tool's code would run
-    it with other people's secrets). Raises PermissionDenied."""
-    if not actor.can_manage and tool.created_by_id != actor.user_id:
-        raise PermissionDenied(
-            f"Tool '{tool.name}' can be changed only by organization owners and admins or its creator"
-        )
+    member who created it may change or delete it, and once an agent someone else created uses it,
+    only owners and admins (its creator swapping the code would read that agent's secrets).
+    Raises PermissionDenied."""
+    if permissions.allows(actor, Action.TOOL_WRITE):
+        return
+    shared = tool.agent_attachments.exclude(agent__created_by_id=actor.user_id).exists()
+    permissions.require(
+        actor, Action.TOOL_WRITE, creator_id=tool.created_by_id, shared=shared, subject=f"tool '{tool.name}'"
+    )
 
 
 @transaction.atomic
@@ -267,7 +272,7 @@ def tool_update(
         raise BuiltinToolReadOnly(
             f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
         )
-    _require_tool_writer(actor, tool)
+    require_tool_writer(actor, tool)
     if return_char_limit is not _UNSET:
         _check_return_limit(return_char_limit)
     schema_inputs = (source_code, source_type, json_schema, args_json_schema)
@@ -324,7 +329,7 @@ def tool_delete(*, actor: Actor, tool_id: str) -> None:
         raise BuiltinToolReadOnly(
             f"Tool '{tool.name}' is a built-in Letta tool: built-in tools cannot be created, modified or deleted."
         )
-    _require_tool_writer(actor, tool)
+    require_tool_writer(actor, tool)
     tool.delete()
 
 
@@ -366,14 +371,11 @@ def tool_run(
     (Docker where an engine answers, else the local one): never this process. The organisation's
     sandbox variables are set, then `env_vars`.
 
-    Only owners and admins may run code this way: others get PermissionDenied (the API answers 404).
+    Only owners and admins may run code this way (the role matrix's TOOL_RUN_CODE).
     Raises NotFound, BuiltinToolReadOnly (built-ins run only inside an agent), ToolSchemaError,
     InvalidInput (no function to call; the organisation forbids the local sandbox).
     """
-    if not actor.can_manage:
-        raise PermissionDenied(
-            "Only owners and admins can run tool code by hand; agents run it when they call the tool."
-        )
+    permissions.require(actor, Action.TOOL_RUN_CODE)
     limit = DEFAULT_RETURN_CHAR_LIMIT
     if tool_id is not None:
         tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()

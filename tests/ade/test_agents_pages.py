@@ -381,26 +381,6 @@ def test_import_without_a_file_asks_for_one(owner_client: Client) -> None:
     assert "Choose an Agent File (.af) to import." in response.content.decode()
 
 
-def test_member_may_not_overwrite_the_organisations_tools_on_import(
-    client: Client,
-    org: Organization,
-    make_user: Callable[..., User],
-    actor: Actor,
-    make: Callable[..., Agent],
-) -> None:
-    exported = json.dumps({"agents": [{"id": "agent-0", "name": "Imported"}]}).encode()
-    client.force_login(make_user(org, role=Role.MEMBER))
-
-    response = client.post(
-        "/agents/import/",
-        {"file": SimpleUploadedFile("a.af", exported), "override_existing_tools": "on"},
-        **HTMX,
-    )
-
-    assert response.status_code == 403
-    assert not Agent.objects.for_actor(actor).exists()
-
-
 # --- tenancy --------------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from apps.agents.models import Agent
 from apps.agents.services import agent_create
-from apps.core.actor import Actor
+from apps.core.actor import Actor, Role
 from apps.tools.services import tool_upsert
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -389,10 +389,21 @@ def test_another_organisations_agent_is_not_found(
     )
 
 
-def test_members_configure_agents_too(client: Client, org: Any, make_user: Any, agent: Agent) -> None:
-    client.force_login(make_user(org))
+def test_a_member_configures_only_the_agents_they_created(
+    client: Client, org: Any, make_user: Any, agent: Agent
+) -> None:
+    member = make_user(org)
+    client.force_login(member)
+    own = agent_create(
+        actor=Actor(organization_id=org.id, user_id=member.id, role=Role.MEMBER),
+        name="Mine",
+        model="openai/gpt-4o-mini",
+    )
 
-    response = client.post(url(agent, "field/system/"), {"value": "Members edit prompts."}, **HTMX)
+    theirs = client.post(url(agent, "field/system/"), {"value": "Members edit prompts."}, **HTMX)
+    mine = client.post(url(own, "field/system/"), {"value": "My prompt."}, **HTMX)
 
-    assert response.status_code == 200
-    assert fresh(agent).system == "Members edit prompts."
+    assert theirs.status_code == 403
+    assert "only its creator, an owner or an admin may modify an agent" in theirs.content.decode()
+    assert fresh(agent).system != "Members edit prompts."
+    assert (mine.status_code, fresh(own).system) == (200, "My prompt.")

@@ -368,4 +368,4 @@ def test_members_cannot_run_tool_code(client, org, make_user, local_sandbox):
     response = client.post("/tools/run/", {"source_code": ADD, "args": '{"a": 1}'}, **HTMX)
 
     assert response.status_code == 403
-    assert "Only owners and admins can run tool code" in response.content.decode()
+    assert "only owners and admins may run arbitrary tool code" in response.content.decode()

@@ -592,7 +592,7 @@ def test_members_can_read_but_not_change(actor, member, api_client_for):
     ]
 
     assert reads == [200, 200, 200]
-    assert writes == [404, 404, 404, 404, 404, 404]
+    assert writes == [403, 403, 403, 403, 403, 403]
     assert list(MCPServer.objects.for_actor(actor).values_list("server_name", flat=True)) == ["local"]
 
 

@@ -459,7 +459,7 @@ def test_run_needs_exactly_one_of_source_and_tool_id(actor, api_client_for):
     assert "source_code" in response.json()["detail"]
 
 
-def test_run_is_404_for_members_who_cannot_manage(org, make_user, api_client_for):
+def test_run_is_403_for_members_who_cannot_manage(org, make_user, api_client_for):
     member = make_user(org, role=Role.MEMBER)
     actor = Actor(organization_id=org.id, user_id=member.id, role=Role.MEMBER)
 
@@ -467,7 +467,8 @@ def test_run_is_404_for_members_who_cannot_manage(org, make_user, api_client_for
         "/v1/tools/run", {"source_code": ADD_SOURCE, "args": {"a": 1}}, format="json"
     )
 
-    assert response.status_code == 404
+    assert response.status_code == 403
+    assert "only owners and admins may run arbitrary tool code" in response.json()["detail"]
 
 
 def test_run_is_refused_where_the_organisation_forbids_the_local_sandbox(actor, api_client_for, settings):
@@ -632,8 +633,8 @@ def test_a_member_cannot_replace_change_or_delete_a_tool_someone_else_created(
     )
     deleted = member.delete(f"/v1/tools/{shared['id']}")
 
-    assert (replaced.status_code, unapproved.status_code, deleted.status_code) == (404, 404, 404)
-    assert "owners and admins or its creator" in replaced.json()["detail"]
+    assert (replaced.status_code, unapproved.status_code, deleted.status_code) == (403, 403, 403)
+    assert "only its creator, an owner or an admin may" in replaced.json()["detail"]
     stored = Tool.objects.for_actor(actor).get(id=shared["id"])
     assert stored.source_code == ADD_SOURCE
     assert stored.last_updated_by_id == actor.user_id

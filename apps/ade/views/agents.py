@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
 from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES, starter_template
-from apps.ade.views.base import AdeRequest, ade_view, error_response, is_htmx, require_manage
+from apps.ade.views.base import AdeRequest, ade_view, error_response, is_htmx, refusal_status
 from apps.agents import agent_file
 from apps.agents import services as agent_services
 from apps.agents.selectors import (
@@ -214,7 +214,7 @@ def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
     try:
         clone = agent_file.agent_clone(actor=request.actor, agent_id=source.id)
     except DomainError as exc:
-        return _error(request, exc.message)
+        return _error(request, exc.message, status=refusal_status(exc))
     if not is_htmx(request):
         return redirect("ade:workspace", clone.id)
     row = render(request, "ade/agents/_row.html", {"agent": clone, "fresh": True}).content.decode()
@@ -227,7 +227,7 @@ def agent_delete(request: AdeRequest, agent_id: str) -> HttpResponse:
     if request.method != "POST":
         template = "ade/agents/_delete_confirm.html" if is_htmx(request) else "ade/agents/delete.html"
         return render(request, template, {"agent": agent})
-    agent_services.agent_delete_by_user(actor=request.actor, agent_id=agent.id)
+    agent_services.agent_delete(actor=request.actor, agent_id=agent.id)
     if not is_htmx(request):
         messages.success(request, f"Deleted “{agent.name}”.")
         return redirect("ade:agent-list")
@@ -263,10 +263,10 @@ def agent_import(request: AdeRequest) -> HttpResponse:
         return redirect("ade:agent-list")
     upload = request.FILES.get("file")
     overwrite_tools = request.POST.get("override_existing_tools") == "on"
-    if overwrite_tools:
-        require_manage(request.actor)  # the organisation's shared tools would change
     error = ""
+    status = 422
     imported: list[Any] = []
+    refused: list[agent_file.Refusal] = []
     if upload is None:
         error = "Choose an Agent File (.af) to import."
     elif upload.size is not None and upload.size > AGENT_FILE_MAX_BYTES:
@@ -274,23 +274,26 @@ def agent_import(request: AdeRequest) -> HttpResponse:
     else:
         try:
             parsed = agent_file.parse_agent_file(upload.read())
-            agent_ids = agent_file.agent_import(
+            result = agent_file.agent_import(
                 actor=request.actor, file=parsed, override_existing_tools=overwrite_tools
             )
         except DomainError as exc:
-            error = exc.message
+            error, status = exc.message, refusal_status(exc)
         else:
-            imported = [agent_get(actor=request.actor, agent_id=i) for i in agent_ids]
+            imported = [agent_get(actor=request.actor, agent_id=i) for i in result.agent_ids]
+            refused = result.refused
     if not is_htmx(request):
         if error:
             messages.error(request, error)
         else:
             messages.success(request, f"Imported “{imported[0].name}”.")
+            for refusal in refused:
+                messages.warning(request, f"Not imported: {refusal.kind} “{refusal.name}”: {refusal.reason}.")
         return redirect("ade:agent-list")
-    context = {"import_error": error, "imported": imported}
+    context = {"import_error": error, "imported": imported, "refused": refused}
     if imported:
         context |= _list_context(request) | {"oob_results": True}
-    return render(request, "ade/agents/_import.html", context, status=422 if error else 200)
+    return render(request, "ade/agents/_import.html", context, status=status if error else 200)
 
 
 urlpatterns = [

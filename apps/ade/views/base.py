@@ -54,10 +54,9 @@ def ade_view(view: View) -> View:
     return wrapper
 
 
-def require_manage(actor: Actor) -> None:
-    """Owners and admins change organisation-wide settings; members only use them."""
-    if not actor.can_manage:
-        raise PermissionDenied("Only owners and admins can do this.")
+def refusal_status(error: DomainError, default: int = 422) -> int:
+    """An inline error's status: 403 when the role matrix refused, else the view's own."""
+    return 403 if isinstance(error, PermissionDenied) else default
 
 
 def error_response(request: HttpRequest, error: DomainError | str, *, status: int = 400) -> HttpResponse:

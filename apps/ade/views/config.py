@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import path
 
 from apps.ade.views.agents import handle_picker, picked_handle
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents import services as agent_services
 from apps.agents.models import Agent, AgentType
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
@@ -172,7 +172,9 @@ def config_field(request: AdeRequest, agent_id: str, key: str) -> HttpResponse:
         _save_field(request, agent, key)
     except DomainError as exc:
         field = _field_context(agent, key, value=_posted(request, key), error=exc.message, request=request)
-        return render(request, "ade/workspace/config/_field.html", _ctx(agent, field), status=422)
+        return render(
+            request, "ade/workspace/config/_field.html", _ctx(agent, field), status=refusal_status(exc)
+        )
     agent = agent_get(actor=request.actor, agent_id=agent.id)
     field = _field_context(agent, key, saved=True, request=request)
     return _changed(render(request, "ade/workspace/config/_field.html", _ctx(agent, field)))
@@ -232,7 +234,7 @@ def config_tool_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
             choice = tool_upsert_builtins(actor=request.actor, names=[name])[name].id
         agent_services.agent_attach_tool_by_id(actor=request.actor, agent_id=agent.id, tool_id=choice)
     except DomainError as exc:
-        return _render_tools(request, agent, error=exc.message, status=422)
+        return _render_tools(request, agent, error=exc.message, status=refusal_status(exc))
     return _changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
@@ -451,7 +453,7 @@ def _save_rule(request: AdeRequest, agent: Agent, rule_type: str, *, index: int 
         context = _rule_form_context(
             request, agent, rule_type, index=index, error=_friendly(exc.message, position)
         )
-        return _render_rule_form(request, context, status=422)
+        return _render_rule_form(request, context, status=refusal_status(exc))
     return _changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
@@ -500,7 +502,7 @@ def config_sleeptime(request: AdeRequest, agent_id: str) -> HttpResponse:
         )
     except DomainError as exc:
         context = {"agent": agent, "sleeptime": _sleeptime_context(agent, error=exc.message, frequency=text)}
-        return render(request, template, context, status=422)
+        return render(request, template, context, status=refusal_status(exc))
     agent = agent_get(actor=request.actor, agent_id=agent.id)
     context = {"agent": agent, "sleeptime": _sleeptime_context(agent, saved=True)}
     return _changed(render(request, template, context))

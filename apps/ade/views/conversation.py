@@ -23,7 +23,7 @@ from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents.errors import PendingApproval
 from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Agent, Conversation, Message, Run
@@ -362,7 +362,7 @@ def conversation_send(request: AdeRequest, agent_id: str) -> HttpResponse:
             status=409,
         )
     except DomainError as exc:
-        return _notice(request, exc.message, status=422)
+        return _notice(request, exc.message, status=refusal_status(exc))
     run_submit(run)
     return _live_turn(request, agent, run)
 
@@ -391,7 +391,7 @@ def conversation_approve(request: AdeRequest, agent_id: str) -> HttpResponse:
             stream_tokens=True,
         )
     except DomainError as exc:
-        return _notice(request, exc.message, status=409)
+        return _notice(request, exc.message, status=refusal_status(exc, 409))
     run_submit(run)
     return _live_turn(request, agent, run, decided=pending)
 

@@ -21,9 +21,10 @@ from django.urls import path
 from django.utils.timesince import timesince
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents import recall
 from apps.agents import selectors as agent_selectors
+from apps.agents import services as agent_services
 from apps.agents.models import Agent
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, InvalidInput
@@ -308,8 +309,7 @@ def archival_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
 def passage_delete(request: AdeRequest, agent_id: str, passage_id: str) -> HttpResponse:
     actor = request.actor
     agent = agent_selectors.agent_get(actor=actor, agent_id=agent_id)
-    archive_ids = [a.id for a in archival.agent_archives(actor=actor, agent_id=agent.id)]
-    archival.passage_delete(actor=actor, passage_id=passage_id, archive_ids=archive_ids)
+    agent_services.agent_passage_delete(actor=actor, agent_id=agent.id, passage_id=passage_id)
     response = render(
         request,
         "ade/workspace/memory/_passages.html",
@@ -325,24 +325,11 @@ def _archival_insert(request: AdeRequest, agent: Agent) -> HttpResponse:
     tags_text = request.POST.get("tags", "")
     tags = [tag.strip() for tag in tags_text.split(",") if tag.strip()]
     try:
-        archive = archival.agent_archive(
-            actor=actor,
-            agent_id=agent.id,
-            embedding_handle=agent.embedding,
-            embedding_dim=agent.embedding_dim,
-        )
-        archival.passage_insert(
-            actor=actor,
-            archive=archive,
-            texts=[text],
-            tags=tags,
-            embedding_handle=archive.embedding or agent.embedding,
-            created_by_id=actor.user_id,
-        )
+        agent_services.agent_passage_insert(actor=actor, agent_id=agent.id, text=text, tags=tags)
     except DomainError as exc:  # empty text, bad tags, no embedding model, the provider failing
         context = _archival_context(request, agent, query={})
         context.update(add_error=exc.message, add_text=text, add_tags=tags_text, add_open=True)
-        return render(request, "ade/workspace/memory/_archival.html", context, status=422)
+        return render(request, "ade/workspace/memory/_archival.html", context, status=refusal_status(exc))
     context = _archival_context(request, agent, query={})
     context["notice"] = "Passage saved to archival memory."
     response = render(request, "ade/workspace/memory/_archival.html", context)

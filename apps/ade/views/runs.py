@@ -12,7 +12,7 @@ from django.shortcuts import render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view, error_response
+from apps.ade.views.base import AdeRequest, ade_view, error_response, refusal_status
 from apps.ade.views.conversation import STOP_REASON_LABELS, STOP_REASON_TONES, pretty_json, timeline_events
 from apps.agents.models import Message, Run, Step
 from apps.agents.selectors import (
@@ -111,7 +111,7 @@ def step_feedback(request: AdeRequest, step_id: str) -> HttpResponse:
             actor=request.actor, step_id=step.id, feedback=None if step.feedback == wanted else wanted
         )
     except DomainError as exc:
-        return error_response(request, exc, status=422)
+        return error_response(request, exc, status=refusal_status(exc))
     return render(request, "ade/runs/_feedback.html", {"step": step})
 
 

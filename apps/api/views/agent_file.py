@@ -57,6 +57,12 @@ FORM_ALLOWANCE_BYTES = 1024 * 1024
 """What an import's body may have besides its file: the multipart framing and the form fields."""
 
 
+class RefusalOut(serializers.Serializer):
+    kind = serializers.CharField()
+    name = serializers.CharField()
+    reason = serializers.CharField()
+
+
 class AgentImportApi(OrgApiView):
     """Multipart, as the SDK sends it: the `file` part and plain form fields (booleans "true"/"false").
 
@@ -89,6 +95,7 @@ class AgentImportApi(OrgApiView):
 
     class OutputSerializer(serializers.Serializer):
         agent_ids = serializers.ListField(child=serializers.CharField())
+        refused = serializers.ListField(child=RefusalOut(), required=False)
 
     @extend_schema(operation_id="import_agent", request=InputSerializer, responses=OutputSerializer)
     def post(self, request: Request) -> Response:
@@ -98,7 +105,7 @@ class AgentImportApi(OrgApiView):
         if params["file"].size > settings.AGENT_FILE_MAX_BYTES:
             raise agent_file.AgentFileTooLarge.over_limit()
         parsed = agent_file.parse_agent_file(params["file"].read())
-        agent_ids = agent_file.agent_import(
+        result = agent_file.agent_import(
             actor=self.actor,
             file=parsed,
             append_copy_suffix=params["append_copy_suffix"],
@@ -112,7 +119,9 @@ class AgentImportApi(OrgApiView):
             or None,
             secrets=_secrets(params.get("secrets") or params.get("env_vars_json")),
         )
-        return Response(self.OutputSerializer({"agent_ids": agent_ids}).data)
+        # `refused` is ours (Letta has none): what the importer's role kept out of the import.
+        refused = [refusal.as_dict() for refusal in result.refused]
+        return Response(self.OutputSerializer({"agent_ids": result.agent_ids, "refused": refused}).data)
 
 
 def _secrets(raw: str | None) -> dict[str, str] | None:

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from apps.agents import recall
 from apps.agents import selectors as agent_selectors
+from apps.agents import services as agent_services
 from apps.agents.models import Agent
 from apps.api.base import OrgApiView
 from apps.api.serializers import archival as s
@@ -62,20 +63,11 @@ class PassageListCreateApi(OrgApiView):
     def post(self, request: Request, agent_id: str) -> Response:
         data = s.PassageCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        agent = agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)
-        archive = archival.agent_archive(
+        archive, passages = agent_services.agent_passage_insert(
             actor=self.actor,
-            agent_id=agent.id,
-            embedding_handle=agent.embedding,
-            embedding_dim=agent.embedding_dim,
-        )
-        passages = archival.passage_insert(
-            actor=self.actor,
-            archive=archive,
-            texts=[data.validated_data["text"]],
+            agent_id=agent_id,
+            text=data.validated_data["text"],
             tags=data.validated_data.get("tags"),
-            embedding_handle=archive.embedding or agent.embedding,
-            created_by_id=self.actor.user_id,
         )
         return Response(s.PassageOut(passages, many=True, context={"archives": {archive.id: archive}}).data)
 
@@ -126,9 +118,7 @@ class PassageSearchApi(OrgApiView):
 class PassageDeleteApi(OrgApiView):
     @extend_schema(operation_id="delete_passage", responses={200: None})
     def delete(self, request: Request, agent_id: str, memory_id: str) -> Response:
-        agent = agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)
-        archive_ids = list(_archives(self.actor, agent))
-        archival.passage_delete(actor=self.actor, passage_id=memory_id, archive_ids=archive_ids)
+        agent_services.agent_passage_delete(actor=self.actor, agent_id=agent_id, passage_id=memory_id)
         return Response({"message": f"Memory id={memory_id} successfully deleted"})
 
 

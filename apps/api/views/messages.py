@@ -329,7 +329,7 @@ class AgentResetMessagesApi(OrgApiView):
         """Empties the context window; every message stays in recall (history and search)."""
         data = s.ResetMessagesIn(data=request.data)
         data.is_valid(raise_exception=True)
-        agent_services.agent_update(actor=self.actor, agent_id=agent_id, message_ids=[])
+        agent_services.agent_reset_messages(actor=self.actor, agent_id=agent_id)
         agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
         return Response(agent_serializers.agent_state(agent, actor=self.actor))
 
