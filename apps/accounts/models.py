@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import hashlib
+from datetime import datetime, timedelta
+
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from apps.core.actor import Role
-from apps.core.ids import ID_MAX_LENGTH, new_api_key_id, new_org_id, new_user_id
+from apps.core.ids import ID_MAX_LENGTH, new_api_key_id, new_invitation_id, new_org_id, new_user_id
 from apps.core.models import OrgOwnedModel, TimestampedModel
 
 
@@ -74,3 +78,49 @@ class ApiKey(OrgOwnedModel):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+INVITATION_LIFETIME = timedelta(days=7)
+
+
+def invitation_expiry() -> datetime:
+    """When an invitation created now stops working."""
+    return timezone.now() + INVITATION_LIFETIME
+
+
+class Invitation(OrgOwnedModel):
+    """An owner's single-use link to join the organisation with a role.
+
+    Only the token's SHA-256 is stored (tokens are 256-bit random, so a slow hash adds nothing): the link is
+    shown once, to the owner who created it."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ID_MAX_LENGTH, default=new_invitation_id, editable=False
+    )
+    role = models.CharField(max_length=16, choices=Membership.ROLE_CHOICES, default=Role.MEMBER)
+    note = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Who it is for (a name or an e-mail address), for the owners' list; sent nowhere.",
+    )
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(User, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    expires_at = models.DateTimeField(default=invitation_expiry)
+    accepted_by = models.ForeignKey(User, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.role} invitation{f' for {self.note}' if self.note else ''} ({self.id})"
+
+    @staticmethod
+    def hash_token(raw_token: str) -> str:
+        return hashlib.sha256(raw_token.encode()).hexdigest()
+
+    @property
+    def is_usable(self) -> bool:
+        """Neither accepted, revoked nor expired."""
+        return self.accepted_at is None and self.revoked_at is None and self.expires_at > timezone.now()

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from apps.accounts.models import ApiKey, Membership, Organization, User
+from django.utils import timezone
+
+from apps.accounts.models import ApiKey, Invitation, Membership, Organization, User
 from apps.core.actor import Actor, Role
 from apps.core.errors import NotFound
 
@@ -56,3 +58,36 @@ def api_key_list_visible(*, actor: Actor):  # -> QuerySet[ApiKey]
     for members (the same rule api_key_revoke applies)."""
     keys = api_key_list(actor=actor)
     return keys if actor.can_manage else keys.filter(user_id=actor.user_id)
+
+
+# --- invitations --------------------------------------------------------------------------------------
+
+INVITATION_INVALID = "This invitation is not valid."
+"""The one answer to a token that cannot be used, whatever the reason (unknown, expired, revoked, used)."""
+_TOKEN_MAX_LENGTH = 100  # far above a real token (43 characters); longer input is not even hashed
+
+
+def invitation_list_pending(*, actor: Actor):  # -> QuerySet[Invitation]
+    """The organisation's invitations that can still be accepted, newest first, for the members settings."""
+    return (
+        Invitation.objects.for_actor(actor)
+        .filter(accepted_at__isnull=True, revoked_at__isnull=True, expires_at__gt=timezone.now())
+        .select_related("created_by")
+        .order_by("-created_at")
+    )
+
+
+def invitation_for_token(*, raw_token: str, for_update: bool = False) -> Invitation:
+    """The usable invitation behind a raw token, with its organisation: one indexed lookup by the token's
+    hash. Raises NotFound(INVITATION_INVALID) for any token that cannot be used, so the answer tells a
+    guesser nothing. `for_update` locks the invitation's row (not its organisation's) until the transaction
+    ends."""
+    if not raw_token or len(raw_token) > _TOKEN_MAX_LENGTH:
+        raise NotFound(INVITATION_INVALID, code="invitation_invalid")
+    invitations = Invitation.objects.unscoped().select_related("organization")
+    if for_update:
+        invitations = invitations.select_for_update(of=("self",))
+    invitation = invitations.filter(token_hash=Invitation.hash_token(raw_token)).first()
+    if invitation is None or not invitation.is_usable:
+        raise NotFound(INVITATION_INVALID, code="invitation_invalid")
+    return invitation

@@ -5,16 +5,20 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.accounts.errors import AuthenticationFailed, DuplicateApiKey
-from apps.accounts.models import ApiKey, Membership, Organization, User
+from apps.accounts.models import ApiKey, Invitation, Membership, Organization, User
+from apps.accounts.selectors import invitation_for_token
+from apps.core import permissions
 from apps.core.actor import Actor, Role
-from apps.core.errors import InvalidInput, NotFound, PermissionDenied
+from apps.core.errors import Conflict, InvalidInput, NotFound
+from apps.core.permissions import Action
 
 API_KEY_PREFIX = "sk-let-"
 # last_used_at is advisory; writing it on every request would cost a write per call.
@@ -51,8 +55,8 @@ class CreatedApiKey:
 @transaction.atomic
 def api_key_create(*, actor: Actor, user: User, name: str, raw_key: str | None = None) -> CreatedApiKey:
     """Create a key for `user` in the actor's organisation. The raw key is returned once."""
-    if not actor.can_manage and actor.user_id != user.id:
-        raise NotFound("User not found")
+    if actor.user_id != user.id:
+        permissions.require(actor, Action.API_KEY_MINT_FOR_OTHERS, subject=f"a key for '{user.username}'")
     if not Membership.objects.filter(user=user, organization_id=actor.organization_id).exists():
         raise InvalidInput("That user is not a member of this organization")
     raw_key = raw_key or API_KEY_PREFIX + secrets.token_urlsafe(32)
@@ -69,7 +73,9 @@ def api_key_create(*, actor: Actor, user: User, name: str, raw_key: str | None =
 
 def api_key_revoke(*, actor: Actor, api_key_id: str) -> ApiKey:
     api_key = ApiKey.objects.for_actor(actor).filter(id=api_key_id).first()
-    if api_key is None or (not actor.can_manage and api_key.user_id != actor.user_id):
+    if api_key is None or (
+        api_key.user_id != actor.user_id and not permissions.allows(actor, Action.API_KEY_REVOKE_OTHERS)
+    ):  # a member cannot see other people's keys
         raise NotFound(f"API key '{api_key_id}' not found")
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
@@ -172,8 +178,7 @@ ASSIGNABLE_ROLES = (Role.OWNER, Role.ADMIN, Role.MEMBER)
 
 
 def _require_owner(actor: Actor) -> None:
-    if actor.role not in (Role.OWNER, Role.SYSTEM):
-        raise PermissionDenied("Only owners can add, change or remove members.")
+    permissions.require(actor, Action.MEMBER_MANAGE)
 
 
 def _assignable_role(role: str) -> Role:
@@ -380,3 +385,97 @@ def api_key_provision(*, organization: Organization, user: User, name: str) -> C
         )
     actor = Actor(organization_id=organization.id, user_id=user.id, role=Role(membership.role))
     return api_key_create(actor=actor, user=user, name=name)
+
+
+# --- invitations (the ADE's way to bring people in) ------------------------------------------------------
+# An owner creates an invitation with a role and gets a link, once; whoever opens the link while it is
+# valid joins with that role (signed in, or with a new account made on the spot). Nothing here says which
+# usernames exist, except to someone holding a valid link who picks a taken one for a new account.
+
+INVITATION_NOTE_MAX_LENGTH = 200
+
+
+class CreatedInvitation(NamedTuple):
+    invitation: Invitation
+    raw_token: str  # shown once, as a link, never stored
+
+
+@transaction.atomic
+def invitation_create(*, actor: Actor, role: str, note: str = "") -> CreatedInvitation:
+    """A single-use invitation to the actor's organisation with `role` (owners only), valid for
+    INVITATION_LIFETIME. The raw token is returned once. Raises PermissionDenied, InvalidInput."""
+    permissions.require(actor, Action.MEMBER_MANAGE)
+    role_value = _assignable_role(role)
+    note = note.strip()
+    if len(note) > INVITATION_NOTE_MAX_LENGTH:
+        raise InvalidInput(f"Keep the note to {INVITATION_NOTE_MAX_LENGTH} characters.")
+    raw_token = secrets.token_urlsafe(32)
+    invitation = Invitation.objects.for_actor(actor).create(
+        role=role_value, note=note, token_hash=Invitation.hash_token(raw_token), created_by_id=actor.user_id
+    )
+    return CreatedInvitation(invitation=invitation, raw_token=raw_token)
+
+
+@transaction.atomic
+def invitation_revoke(*, actor: Actor, invitation_id: str) -> Invitation:
+    """Make a pending invitation unusable (owners only; idempotent). Raises PermissionDenied, NotFound
+    (another organisation's invitation too), InvalidInput (already accepted: remove the member instead)."""
+    permissions.require(actor, Action.MEMBER_MANAGE)
+    invitation = Invitation.objects.for_actor(actor).select_for_update().filter(id=invitation_id).first()
+    if invitation is None:
+        raise NotFound("Invitation not found")
+    if invitation.accepted_at is not None:
+        raise InvalidInput("That invitation was already accepted: remove the member instead.")
+    if invitation.revoked_at is None:
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at", "updated_at"])
+    return invitation
+
+
+@transaction.atomic
+def invitation_accept(*, user: User, raw_token: str) -> Membership:
+    """Make `user` a member with the invitation's role and use the invitation up. Single-use under
+    concurrency: the invitation's row is locked, so of two acceptances the second finds it used.
+    Raises NotFound(INVITATION_INVALID) (unknown, expired, revoked or used), Conflict (already a member)."""
+    invitation = invitation_for_token(raw_token=raw_token, for_update=True)
+    return _invitation_use(invitation, user)
+
+
+@transaction.atomic
+def invitation_accept_as_new_user(*, raw_token: str, username: str, password: str) -> Membership:
+    """Create an account and accept the invitation with it, all or nothing. The token is checked first, so
+    only a valid link's holder learns that a username is taken. Raises NotFound(INVITATION_INVALID),
+    InvalidInput (a taken or invalid username, a password the validators refuse)."""
+    invitation = invitation_for_token(raw_token=raw_token, for_update=True)
+    username = username.strip()
+    if not username:
+        raise InvalidInput("Choose a username.")
+    taken = InvalidInput("That username is taken: choose another username.")
+    if User.objects.filter(username=username).exists():
+        raise taken
+    candidate = User(username=username)
+    try:
+        User.username_validator(username)
+        validate_password(password, user=candidate)
+    except DjangoValidationError as exc:
+        raise InvalidInput(" ".join(exc.messages)) from exc
+    try:
+        with transaction.atomic():  # a concurrent sign-up may take the name between the check and here
+            user = User.objects.create_user(username=username, password=password)
+    except IntegrityError as exc:
+        raise taken from exc
+    return _invitation_use(invitation, user)
+
+
+def _invitation_use(invitation: Invitation, user: User) -> Membership:
+    """Inside the transaction that locked `invitation`."""
+    _lock_members(Actor.system(invitation.organization_id))
+    if Membership.objects.filter(user=user, organization_id=invitation.organization_id).exists():
+        raise Conflict(f"You are already a member of {invitation.organization.name}.", code="already_member")
+    membership = Membership.objects.create(
+        user=user, organization_id=invitation.organization_id, role=invitation.role
+    )
+    invitation.accepted_by = user
+    invitation.accepted_at = timezone.now()
+    invitation.save(update_fields=["accepted_by", "accepted_at", "updated_at"])
+    return membership

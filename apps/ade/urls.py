@@ -1,12 +1,13 @@
 """The ADE's pages. Each area's module owns its patterns (views/<area>.py)."""
 
-from apps.ade.views import account, agents, auth, runs, tools, workspace
+from apps.ade.views import account, agents, auth, invitations, runs, tools, workspace
 
 app_name = "ade"
 
 urlpatterns = [
     *auth.urlpatterns,
     *account.urlpatterns,
+    *invitations.urlpatterns,
     *agents.urlpatterns,
     *workspace.urlpatterns,
     *tools.urlpatterns,

@@ -30,6 +30,10 @@ def new_api_key_id() -> str:
     return new_id("apikey")
 
 
+def new_invitation_id() -> str:
+    return new_id("invitation")
+
+
 def new_provider_id() -> str:
     return new_id("provider")
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from apps.accounts.models import ApiKey, Membership, User
+from apps.accounts.models import ApiKey, Invitation, Membership, User
 from apps.accounts.services import api_key_create
 from apps.core.actor import Actor, Role
 from apps.llm.handles import resolve_model
@@ -56,7 +56,7 @@ def test_settings_opens_on_the_providers_tab(owner_client):
     [
         ("/settings/providers/", "Add a provider"),
         ("/settings/api-keys/", "Create key"),
-        ("/settings/members/", "Add a member"),
+        ("/settings/members/", "Invite a member"),
     ],
 )
 def test_each_settings_tab_renders_with_its_tabs(owner_client, path, heading):
@@ -238,7 +238,7 @@ def test_members_see_providers_but_cannot_add_or_delete_them(client, org, actor,
     assert SECRET not in page
     assert created.status_code == 403
     assert deleted.status_code == 403
-    assert "Only owners and admins" in deleted.content.decode()
+    assert "only owners and admins may add or delete LLM providers" in deleted.content.decode()
     assert list(Provider.objects.for_actor(actor).values_list("name", flat=True)) == ["openai"]
 
 
@@ -376,52 +376,6 @@ def test_members_page_lists_members_with_their_roles(owner_client, org, make_use
     assert '<option value="admin" selected>' in body
 
 
-def test_adding_an_existing_user(owner_client, org, other_user):
-    response = owner_client.post("/settings/members/", {"username": "bob", "role": "admin"}, **HTMX)
-
-    assert response.status_code == 200
-    assert "bob added as admin." in response.content.decode()
-    assert Membership.objects.get(user=other_user, organization=org).role == Role.ADMIN
-
-
-def test_adding_a_new_user_with_a_password_creates_an_account_that_can_sign_in(owner_client, org, client):
-    response = owner_client.post(
-        "/settings/members/",
-        {
-            "username": "newbie",
-            "role": "member",
-            "email": "n@example.com",
-            "password": "a-long-passphrase-42",
-        },
-        **HTMX,
-    )
-
-    assert response.status_code == 200
-    assert Membership.objects.get(user__username="newbie", organization=org).role == Role.MEMBER
-    assert User.objects.get(username="newbie").check_password("a-long-passphrase-42")
-    assert "a-long-passphrase-42" not in response.content.decode()
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (
-            {"username": "nobody", "role": "member"},
-            "There is no user named &#x27;nobody&#x27;. Give a password",
-        ),
-        ({"username": "newbie", "role": "member", "password": "123"}, "This password is too short"),
-        ({"username": "alice", "role": "member"}, "&#x27;alice&#x27; is already a member"),
-        ({"username": "bob", "role": "member", "password": "a-long-passphrase-42"}, "already exists"),
-        ({"username": "bob", "role": "superuser"}, "Choose a role"),
-    ],
-)
-def test_adding_a_member_explains_what_is_wrong(owner_client, other_user, data, message):
-    response = owner_client.post("/settings/members/", data, **HTMX)
-
-    assert response.status_code == 422
-    assert message in response.content.decode()
-
-
 def test_changing_a_role(owner_client, org, make_user):
     mia = make_user(org, role=Role.MEMBER, username="mia")
     membership = Membership.objects.get(user=mia, organization=org)
@@ -483,17 +437,15 @@ def test_only_owners_change_members(client, org, user, make_user, role):
     target = Membership.objects.get(user=user, organization=org)
 
     page = client.get("/settings/members/").content.decode()
-    added = client.post(
-        "/settings/members/", {"username": "x", "role": "member", "password": "a-long-passphrase-42"}, **HTMX
-    )
+    invited = client.post("/settings/members/invitations/", {"role": "owner"}, **HTMX)
     changed = client.post(f"/settings/members/{target.id}/role/", {"role": "member"}, **HTMX)
     removed = client.post(f"/settings/members/{target.id}/remove/", **HTMX)
 
-    assert "Add a member" not in page
+    assert "Invite a member" not in page
     assert 'data-member="alice"' in page
-    assert [added.status_code, changed.status_code, removed.status_code] == [403, 403, 403]
-    assert "Only owners can add, change or remove members." in changed.content.decode()
-    assert not User.objects.filter(username="x").exists()
+    assert [invited.status_code, changed.status_code, removed.status_code] == [403, 403, 403]
+    assert "only owners may invite, add or remove members, change roles" in changed.content.decode()
+    assert not Invitation.objects.for_org(org.id).exists()
     target.refresh_from_db()
     assert target.role == Role.OWNER
 

@@ -7,7 +7,9 @@ Who may do what (the services enforce it; the pages only hide what would be refu
 - LLM providers: owners and admins add and delete; members see the list (never a key).
 - API keys: everyone creates their own keys; owners and admins see and revoke every key of the
   organisation, members only their own.
-- Members: owners add, change roles and remove; the last owner can be neither demoted nor removed.
+- Members: owners invite (a single-use link, shown once), change roles and remove; the last owner can be
+  neither demoted nor removed. Nothing on the page says whether a username exists: people join by
+  opening the link (apps/ade/views/invitations.py).
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts import selectors as account_selectors
 from apps.accounts import services as account_services
 from apps.accounts.models import Membership
-from apps.ade.views.base import AdeRequest, ade_view, is_htmx, require_manage
+from apps.ade.views.base import AdeRequest, ade_view, is_htmx
+from apps.core import permissions
 from apps.core.actor import Role
 from apps.core.errors import Conflict, DomainError, InvalidInput
+from apps.core.permissions import Action
 from apps.llm import selectors as llm_selectors
 from apps.llm import services as llm_services
 from apps.llm.models import Provider
@@ -90,7 +94,6 @@ def _providers_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
 def providers(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return _render(request, "providers", _providers_context(request))
-    require_manage(request.actor)
     # The key is read once here and never put back into a page, not even when the form is refused.
     form = {key: request.POST.get(key, "").strip() for key in ("provider_type", "name", "base_url")}
     try:
@@ -155,10 +158,13 @@ def api_key_revoke(request: AdeRequest, api_key_id: str) -> HttpResponse:
 
 
 def _members_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
+    is_owner = permissions.allows(request.actor, Action.MEMBER_MANAGE)
+    invitations = account_selectors.invitation_list_pending(actor=request.actor)[:200] if is_owner else []
     return {
         "members": account_selectors.membership_list(actor=request.actor),
+        "invitations": invitations,
         "role_choices": ROLE_CHOICES,
-        "is_owner": request.actor.role == Role.OWNER,
+        "is_owner": is_owner,
         "form": {"role": Role.MEMBER.value},
         **extra,
     }
@@ -175,18 +181,36 @@ def _members_error(request: AdeRequest, error: DomainError, **extra: Any) -> Htt
     return _render(request, "members", _members_context(request, error=error.message, **extra), status=422)
 
 
+@require_GET
 @ade_view
 def members(request: AdeRequest) -> HttpResponse:
-    if request.method != "POST":
-        return _render(request, "members", _members_context(request))
-    form = {key: request.POST.get(key, "").strip() for key in ("username", "role", "email")}
+    return _render(request, "members", _members_context(request))
+
+
+@require_POST
+@ade_view
+def invitation_create(request: AdeRequest) -> HttpResponse:
+    form = {key: request.POST.get(key, "").strip() for key in ("role", "note")}
     try:
-        membership = account_services.membership_add(
-            actor=request.actor, password=request.POST.get("password", ""), **form
-        )
-    except (InvalidInput, Conflict) as exc:
+        created = account_services.invitation_create(actor=request.actor, **form)
+    except InvalidInput as exc:
         return _members_error(request, exc, form=form)
-    return _members_result(request, f"{membership.user.username} added as {membership.role}.")
+    link = request.build_absolute_uri(reverse("ade:invitation-accept", args=[created.raw_token]))
+    # The link is in this one response and nowhere else: no redirect, no session, no cache.
+    response = _render(request, "members", _members_context(request, created=created.invitation, link=link))
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@ade_view
+def invitation_revoke(request: AdeRequest, invitation_id: str) -> HttpResponse:
+    try:
+        invitation = account_services.invitation_revoke(actor=request.actor, invitation_id=invitation_id)
+    except InvalidInput as exc:
+        return _members_error(request, exc)
+    label = f" for {invitation.note}" if invitation.note else ""
+    return _members_result(request, f"Invitation{label} revoked: its link no longer works.")
 
 
 def _after_own_change(request: AdeRequest, membership: Membership, response: HttpResponse) -> HttpResponse:
@@ -230,6 +254,12 @@ urlpatterns = [
     path("settings/api-keys/", api_keys, name="settings-api-keys"),
     path("settings/api-keys/<str:api_key_id>/revoke/", api_key_revoke, name="settings-api-key-revoke"),
     path("settings/members/", members, name="settings-members"),
+    path("settings/members/invitations/", invitation_create, name="settings-invitation-create"),
+    path(
+        "settings/members/invitations/<str:invitation_id>/revoke/",
+        invitation_revoke,
+        name="settings-invitation-revoke",
+    ),
     path("settings/members/<int:membership_id>/role/", member_role, name="settings-member-role"),
     path("settings/members/<int:membership_id>/remove/", member_remove, name="settings-member-remove"),
 ]

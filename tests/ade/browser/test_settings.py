@@ -1,5 +1,5 @@
 """Settings in a real browser: an API key is shown once, a provider is listed without its key,
-members are added and their roles changed without reloading the page."""
+members join by invitation and their roles are changed without reloading the page."""
 
 from __future__ import annotations
 
@@ -76,16 +76,30 @@ def test_a_provider_is_listed_without_its_key(ade: Ade, screenshot) -> None:  # 
     assert SECRET not in page.content()
 
 
-def test_members_are_added_and_their_roles_changed_in_place(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_a_member_joins_by_invitation_and_their_role_is_changed_in_place(  # type: ignore[no-untyped-def]
+    ade: Ade, new_page, screenshot
+) -> None:
     page = ade.page
     page.goto(ade.url("/settings/members/"))
-    form = page.get_by_test_id("member-form")
-    form.get_by_label("Username").fill("new-colleague")
-    form.get_by_label("Password").fill("a-long-passphrase-42")
-    form.get_by_role("button", name="Add member").click()
+    form = page.get_by_test_id("invitation-form")
+    form.get_by_label("Note").fill("a new colleague")
+    form.get_by_role("button", name="Create invitation link").click()
+    link = page.get_by_test_id("new-invitation-link")
+    expect(link).to_contain_text("/invite/")
+    expect(page.get_by_test_id("invitations-table")).to_contain_text("a new colleague")
 
+    invitee = new_page()  # another browser, signed in as nobody
+    invitee.goto(link.inner_text())
+    expect(invitee.get_by_test_id("invitation-organization")).to_have_text(ade.org.name)
+    signup = invitee.get_by_test_id("signup-form")
+    signup.get_by_label("Username").fill("new-colleague")
+    signup.get_by_label("Password").fill("a-long-passphrase-42")
+    signup.get_by_role("button", name="Create account and join").click()
+    expect(invitee).to_have_url(re.compile(r"/agents/$"))
+    assert Membership.objects.get(user__username="new-colleague", organization=ade.org).role == Role.MEMBER
+
+    page.reload()
     row = page.locator("tr[data-member=new-colleague]")
-    expect(page.get_by_test_id("notice")).to_have_text("new-colleague added as member.")
     htmx_settled(page)
     row.get_by_test_id("role-select").select_option("admin")
     expect(page.get_by_test_id("notice")).to_have_text("new-colleague is now admin.")
