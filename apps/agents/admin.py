@@ -5,14 +5,24 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.http import HttpRequest
 
-from apps.accounts.admin_base import OrgScopedAdmin, OrgScopedInline, secret_form
+from apps.accounts.admin_base import (
+    OrgAdminForm,
+    OrgScopedAdmin,
+    OrgScopedInline,
+    admin_require,
+    admin_roles,
+    secret_form,
+)
 from apps.agents.models import Agent, AgentSecret, AgentTool, Conversation, Message, Run, Step
+from apps.core.errors import PermissionDenied
+from apps.core.permissions import Action
 from apps.memory.models import AgentBlock
 from apps.tools.rules import ToolRuleError, dump_tool_rules, parse_tool_rules
 
 
-class AgentAdminForm(forms.ModelForm):
+class AgentAdminForm(OrgAdminForm):
     class Meta:
         model = Agent
         fields = "__all__"
@@ -30,6 +40,22 @@ class AgentBlockInline(OrgScopedInline):
     readonly_fields = ["block_label"]
     raw_id_fields = ["block"]
 
+    def clean_inline_form(self, request: HttpRequest, form: forms.ModelForm) -> None:
+        """Attaching a block the agent may rewrite is writing it (as memory.services.block_attach_to_agent)."""
+        block = form.cleaned_data.get("block")
+        if block is None or block.read_only:
+            return
+        try:
+            admin_require(
+                request,
+                block.organization_id,
+                Action.BLOCK_WRITE,
+                creator_id=block.created_by_id,
+                subject=f"block '{block.label}'",
+            )
+        except PermissionDenied as exc:
+            form.add_error("block", exc.message)
+
 
 class AgentToolInline(OrgScopedInline):
     model = AgentTool
@@ -44,13 +70,23 @@ class AgentSecretInline(OrgScopedInline):
 
 @admin.register(Agent)
 class AgentAdmin(OrgScopedAdmin):
+    """A member changes and deletes the agents they created; owners and admins every agent."""
+
     form = AgentAdminForm
+    add_action = Action.AGENT_CREATE
+    change_action = Action.AGENT_CONFIGURE
+    delete_action = Action.AGENT_DELETE
     list_display = ["name", "id", "agent_type", "model", "enable_sleeptime", "organization", "updated_at"]
     list_filter = ["agent_type", "enable_sleeptime", "model"]
     search_fields = ["name", "id", "description", "tags"]
     raw_id_fields = ["sleeptime_agent", "created_by", "last_updated_by"]
     filter_horizontal = ["archives"]
     inlines = [AgentBlockInline, AgentToolInline, AgentSecretInline]
+
+    def save_model(self, request: HttpRequest, obj: Agent, form: Any, change: bool) -> None:
+        if not change and obj.created_by_id is None and obj.organization_id in admin_roles(request):
+            obj.created_by = request.user  # as the services record who created it
+        super().save_model(request, obj, form, change)
 
     def save_formset(self, request: Any, form: Any, formset: Any, change: bool) -> None:
         instances = formset.save(commit=False)
@@ -67,6 +103,8 @@ class AgentAdmin(OrgScopedAdmin):
 @admin.register(AgentSecret)
 class AgentSecretAdmin(OrgScopedAdmin):
     form = secret_form(AgentSecret, ("value",))
+    add_action = change_action = Action.AGENT_CONFIGURE
+    via = "agent"
     list_display = ["key", "agent", "organization", "updated_at"]
     search_fields = ["key", "agent__name"]
     raw_id_fields = ["agent"]
@@ -74,6 +112,10 @@ class AgentSecretAdmin(OrgScopedAdmin):
 
 @admin.register(Conversation)
 class ConversationAdmin(OrgScopedAdmin):
+    """Rows of an agent: changed by whoever may configure that agent."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
+    via = "agent"
     list_display = ["id", "agent", "summary", "organization", "created_at"]
     search_fields = ["id", "summary", "agent__name"]
     raw_id_fields = ["agent"]
@@ -82,6 +124,10 @@ class ConversationAdmin(OrgScopedAdmin):
 
 @admin.register(Message)
 class MessageAdmin(OrgScopedAdmin):
+    """Rows of an agent: changed by whoever may configure that agent."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
+    via = "agent"
     list_display = ["id", "role", "short_text", "agent", "sequence_id", "created_at"]
     list_filter = ["role", "is_err"]
     search_fields = ["id", "text", "agent__name", "otid"]
@@ -96,6 +142,10 @@ class MessageAdmin(OrgScopedAdmin):
 
 @admin.register(Run)
 class RunAdmin(OrgScopedAdmin):
+    """Rows of an agent: changed by whoever may configure that agent."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
+    via = "agent"
     list_display = ["id", "agent", "status", "stop_reason", "created_at", "completed_at"]
     list_filter = ["status", "stop_reason", "background"]
     search_fields = ["id", "agent__name"]
@@ -105,6 +155,10 @@ class RunAdmin(OrgScopedAdmin):
 
 @admin.register(Step)
 class StepAdmin(OrgScopedAdmin):
+    """Rows of an agent: changed by whoever may configure that agent."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
+    via = "agent"
     list_display = [
         "id",
         "agent",

@@ -3,6 +3,7 @@ from django.contrib import admin
 
 from apps.accounts.admin_base import OrgScopedAdmin, secret_form
 from apps.core.errors import InvalidInput
+from apps.core.permissions import Action
 from apps.llm.models import Provider
 from apps.llm.services import check_base_url
 
@@ -23,6 +24,7 @@ class ProviderAdminForm(secret_form(Provider, ("api_key",))):  # type: ignore[mi
 @admin.register(Provider)
 class ProviderAdmin(OrgScopedAdmin):
     form = ProviderAdminForm
+    add_action = change_action = Action.PROVIDER_MANAGE
     list_display = ["name", "provider_type", "base_url", "organization", "created_at"]
     list_filter = ["provider_type"]
     search_fields = ["name", "base_url"]

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from apps.accounts.admin_base import OrgScopedAdmin, admin_actor
+from apps.core.permissions import Action
 from apps.memory import services
 from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Block, BlockHistory, Passage
 
@@ -37,7 +38,11 @@ class BlockHistoryInline(admin.TabularInline):
 
 @admin.register(Block)
 class BlockAdmin(OrgScopedAdmin):
-    """Saves go through the memory services, so admin edits are checked and recorded in block history."""
+    """Saves and deletes go through the memory services, so admin edits are checked and recorded in block
+    history. A member changes the blocks they created; owners and admins every block."""
+
+    add_action = Action.BLOCK_CREATE
+    change_action = Action.BLOCK_WRITE
 
     list_display = [
         "label",
@@ -61,15 +66,22 @@ class BlockAdmin(OrgScopedAdmin):
 
     def save_model(self, request: HttpRequest, obj: Block, form: Any, change: bool) -> None:
         actor = admin_actor(request, obj.organization_id)
-        if change:
-            changed = {name: form.cleaned_data[name] for name in form.changed_data if name in BLOCK_EDITABLE}
-            if changed:
-                services.block_update(actor=actor, block_id=obj.pk, **changed)
-            return
-        fields = {name: form.cleaned_data[name] for name in BLOCK_EDITABLE}
-        created = services.block_create(actor=actor, **fields)
-        obj.pk = created.pk
-        obj._state.adding = False
+        with self.refusal_shown(request):
+            if change:
+                changed = {
+                    name: form.cleaned_data[name] for name in form.changed_data if name in BLOCK_EDITABLE
+                }
+                if changed:
+                    services.block_update(actor=actor, block_id=obj.pk, **changed)
+                return
+            fields = {name: form.cleaned_data[name] for name in BLOCK_EDITABLE}
+            created = services.block_create(actor=actor, **fields)
+            obj.pk = created.pk
+            obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Block) -> None:
+        with self.refusal_shown(request):
+            services.block_delete(actor=admin_actor(request, obj.organization_id), block_id=obj.pk)
 
 
 @admin.register(BlockHistory)
@@ -78,6 +90,8 @@ class BlockHistoryAdmin(OrgScopedAdmin):
     list_filter = ["actor_type"]
     search_fields = ["block__id", "label", "actor_id"]
     readonly_fields = [f.name for f in BlockHistory._meta.fields]
+    change_action = Action.BLOCK_WRITE
+    via = "block"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -111,6 +125,10 @@ class ArchiveTagInline(_TriggerKeptInline):
 
 @admin.register(Archive)
 class ArchiveAdmin(OrgScopedAdmin):
+    """Archival memory is the agents': changing it is configuring them (an archive has no recorded creator,
+    so owners and admins only)."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
     inlines = [ArchiveStatsInline, ArchiveTagInline]
     list_display = [
         "name",
@@ -127,6 +145,9 @@ class ArchiveAdmin(OrgScopedAdmin):
 
 @admin.register(Passage)
 class PassageAdmin(OrgScopedAdmin):
+    """A member changes the passages they inserted; owners and admins every passage and add new ones."""
+
+    add_action = change_action = Action.AGENT_CONFIGURE
     list_display = ["short_text", "archive", "embedding_dim", "tags", "organization", "created_at"]
     list_filter = ["embedding_dim"]
     search_fields = ["text", "id"]

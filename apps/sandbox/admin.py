@@ -1,11 +1,13 @@
 from django.contrib import admin
 
 from apps.accounts.admin_base import OrgScopedAdmin, secret_form
+from apps.core.permissions import Action
 from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
 
 
 @admin.register(SandboxConfig)
 class SandboxConfigAdmin(OrgScopedAdmin):
+    add_action = change_action = Action.SANDBOX_MANAGE
     list_display = [
         "sandbox_type",
         "image",
@@ -21,5 +23,6 @@ class SandboxConfigAdmin(OrgScopedAdmin):
 @admin.register(SandboxEnvironmentVariable)
 class SandboxEnvironmentVariableAdmin(OrgScopedAdmin):
     form = secret_form(SandboxEnvironmentVariable, ("value",))
+    add_action = change_action = Action.SANDBOX_MANAGE
     list_display = ["key", "sandbox_config", "description", "organization", "updated_at"]
     search_fields = ["key", "description"]

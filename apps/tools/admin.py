@@ -2,8 +2,10 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpRequest
 
-from apps.accounts.admin_base import OrgScopedAdmin, secret_form
+from apps.accounts.admin_base import OrgScopedAdmin, admin_roles, secret_form
+from apps.core.permissions import Action
 from apps.tools.mcp import http_target_refusal, stdio_refusal
 from apps.tools.models import MCPServer, Tool, parse_string_map
 
@@ -33,6 +35,11 @@ class MCPServerAdminForm(secret_form(MCPServer, ("env_json", "auth_token", "cust
 
 @admin.register(Tool)
 class ToolAdmin(OrgScopedAdmin):
+    """A member changes the tools they created until an agent someone else created uses one (it runs with
+    that agent's secrets); owners and admins every tool (as tools.services._require_tool_writer)."""
+
+    add_action = Action.TOOL_CREATE
+    change_action = Action.TOOL_WRITE
     list_display = [
         "name",
         "tool_type",
@@ -44,12 +51,21 @@ class ToolAdmin(OrgScopedAdmin):
     list_filter = ["tool_type", "default_requires_approval"]
     search_fields = ["name", "description", "id"]
 
+    def row_shared(self, request: HttpRequest, obj: Tool) -> bool:
+        return obj.agent_attachments.exclude(agent__created_by_id=request.user.pk).exists()
+
+    def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
+        if not change and obj.created_by_id is None and obj.organization_id in admin_roles(request):
+            obj.created_by = request.user  # as the services record who created it
+        super().save_model(request, obj, form, change)
+
 
 @admin.register(MCPServer)
 class MCPServerAdmin(OrgScopedAdmin):
     """Env values, the auth token and custom header values are write-only: the form never shows them."""
 
     form = MCPServerAdminForm
+    add_action = change_action = Action.MCP_SERVER_MANAGE
     list_display = ["server_name", "server_type", "endpoint", "organization", "updated_at"]
     list_filter = ["server_type"]
     search_fields = ["server_name", "server_url", "command", "id"]

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
-from apps.accounts.models import Membership
+from apps.accounts.models import Invitation, Membership
 from apps.accounts.services import api_key_create
 from apps.agents.models import AgentSecret, AgentTool, Conversation, Run, Step
 from apps.core.actor import Role
@@ -49,6 +49,9 @@ def populated(actor, org, user):
         env_json='{"TOKEN": "mcp-plain"}',
     )
     api_key_create(actor=actor, user=user, name="ci")
+    Invitation.all_objects.create(
+        organization=org, token_hash=Invitation.hash_token("token"), created_by=user
+    )
     return agent
 
 
@@ -238,3 +241,39 @@ def test_the_admin_refuses_an_mcp_server_with_a_metadata_header(org, admin_clien
     assert response.status_code == 200
     assert "Metadata-Flavor" in response.content.decode()
     assert not MCPServer.all_objects.filter(organization=org).exists()
+
+
+def pages_not_shown(client):  # type: ignore[no-untyped-def]
+    """(model, changelist status, change page status) of every registered model whose pages are not 200."""
+    statuses = []
+    for model in registered_models():
+        meta = model._meta
+        listing = client.get(reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist"))
+        change = client.get(
+            reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[first_pk(model)])
+        )
+        if (listing.status_code, change.status_code) != (200, 200):
+            statuses.append((meta.label, listing.status_code, change.status_code))
+    return statuses
+
+
+@pytest.mark.parametrize(
+    ("role", "hidden"),
+    [
+        (Role.ADMIN, [("accounts.Invitation", 403, 403)]),  # owners' business
+        (
+            Role.MEMBER,
+            [
+                ("accounts.ApiKey", 200, 302),  # the owner's key: not listed, "does not exist"
+                ("accounts.Invitation", 403, 403),
+            ],
+        ),
+    ],
+)
+def test_staff_users_of_each_role_open_the_pages_their_role_shows(client, org, populated, role, hidden):
+    staff = UserFactory(is_staff=True)
+    Membership.objects.create(user=staff, organization=org, role=role)
+    staff.user_permissions.set(Permission.objects.all())
+    client.force_login(staff)
+
+    assert sorted(pages_not_shown(client)) == hidden
