@@ -11,6 +11,7 @@ approval rules on agents they did not create, members, other people's keys) is f
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -35,6 +36,13 @@ class Action(StrEnum):
     AGENT_FILE_IMPORT_AS_IS = "agent.import_as_is"
     AGENT_RESET_MESSAGES = "agent.reset_messages"
     APPROVAL_RESPOND = "agent.approval.respond"
+    # Conversations: their creator's, the agent's creator's, an owner's or an admin's.
+    CONVERSATION_WRITE = "conversation.write"
+    # Archives (archival memory an agent can share) and identities (an app's end users).
+    ARCHIVE_CREATE = "archive.create"
+    ARCHIVE_WRITE = "archive.write"
+    IDENTITY_CREATE = "identity.create"
+    IDENTITY_WRITE = "identity.write"
     # Memory blocks, standalone or through an agent (an attached block is shared by its agents).
     BLOCK_CREATE = "block.create"
     BLOCK_WRITE = "block.write"
@@ -64,12 +72,14 @@ class Rule:
 MATRIX: dict[Action, Rule] = {
     Action.AGENT_CREATE: Rule(Who.EVERYONE, "create an agent, import an agent file"),
     Action.AGENT_USE: Rule(
-        Who.EVERYONE, "read an agent, send messages, open conversations, search its memory, export it"
+        Who.EVERYONE,
+        "read an agent, send messages, open conversations, search its memory, recompile its prompt, export it",
     ),
     Action.AGENT_CONFIGURE: Rule(
         Who.CREATOR_OR_ADMIN,
         "modify an agent (model, prompt, tags, tool rules, secrets), attach or detach tools and blocks, "
-        "switch tool approvals, insert or delete archival passages",
+        "switch tool approvals, insert or delete archival passages, compact its messages, run its tools "
+        "by hand",
     ),
     Action.AGENT_DELETE: Rule(Who.CREATOR_OR_ADMIN, "delete an agent"),
     Action.AGENT_FILE_IMPORT_AS_IS: Rule(
@@ -79,6 +89,18 @@ MATRIX: dict[Action, Rule] = {
     ),
     Action.AGENT_RESET_MESSAGES: Rule(Who.CREATOR_OR_ADMIN, "reset an agent's messages"),
     Action.APPROVAL_RESPOND: Rule(Who.CREATOR_OR_ADMIN, "approve or deny a tool call the agent asked to run"),
+    Action.CONVERSATION_WRITE: Rule(
+        Who.CREATOR_OR_ADMIN,
+        "rename, delete, fork or compact a conversation (its creator or the agent's creator)",
+    ),
+    Action.ARCHIVE_CREATE: Rule(Who.EVERYONE, "create an archive"),
+    Action.ARCHIVE_WRITE: Rule(
+        Who.CREATOR_OR_ADMIN, "modify or delete an archive, attach or detach it, add or delete its passages"
+    ),
+    Action.IDENTITY_CREATE: Rule(Who.EVERYONE, "create or upsert an identity"),
+    Action.IDENTITY_WRITE: Rule(
+        Who.CREATOR_OR_ADMIN, "modify or delete an identity, attach or detach it, change its properties"
+    ),
     Action.BLOCK_CREATE: Rule(Who.EVERYONE, "create a block"),
     Action.BLOCK_WRITE: Rule(Who.CREATOR_OR_ADMIN, "modify or delete a block, attach it to an agent"),
     Action.TOOL_CREATE: Rule(Who.EVERYONE, "create a tool under a new name"),
@@ -115,20 +137,21 @@ _REFUSALS: dict[Who, str] = {
 }
 
 
-def allows(actor: Actor, action: Action, *, creator_id: str | None = None, shared: bool = False) -> bool:
-    """May `actor` do `action` on an object created by `creator_id`?
+Creators = str | Collection[str | None] | None
+
+
+def allows(actor: Actor, action: Action, *, creator_id: Creators = None, shared: bool = False) -> bool:
+    """May `actor` do `action` on an object created by `creator_id` (one user id, or several: a
+    conversation is its creator's and its agent's creator's)?
 
     `shared` marks an object that other people's agents depend on (a tool attached to an agent
     someone else created): its creator then counts as an ordinary member."""
     who = MATRIX[action].who
     if actor.role in _ROLES[who]:
         return True
+    creators = (creator_id,) if creator_id is None or isinstance(creator_id, str) else creator_id
     return (
-        who is Who.CREATOR_OR_ADMIN
-        and not shared
-        and actor.user_id is not None
-        and creator_id is not None
-        and creator_id == actor.user_id
+        who is Who.CREATOR_OR_ADMIN and not shared and actor.user_id is not None and actor.user_id in creators
     )
 
 
@@ -136,7 +159,7 @@ def require(
     actor: Actor,
     action: Action,
     *,
-    creator_id: str | None = None,
+    creator_id: Creators = None,
     shared: bool = False,
     subject: str = "",
 ) -> None:

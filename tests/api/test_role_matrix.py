@@ -354,7 +354,14 @@ def test_every_mutating_action_of_the_matrix_is_driven() -> None:
         Action.RUN_CANCEL,
         Action.STEP_FEEDBACK,
     }
-    driven = {case.action for case in CASES} | through_the_ade
+    in_their_own_modules = {  # each module drives its actions as the four people
+        Action.CONVERSATION_WRITE,  # tests/api/test_conversations_api.py
+        Action.ARCHIVE_CREATE,  # tests/api/test_archives_api.py
+        Action.ARCHIVE_WRITE,
+        Action.IDENTITY_CREATE,  # tests/api/test_identities_api.py
+        Action.IDENTITY_WRITE,
+    }
+    driven = {case.action for case in CASES} | through_the_ade | in_their_own_modules
     assert set(MATRIX) <= driven
 
 
