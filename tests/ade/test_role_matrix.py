@@ -525,6 +525,12 @@ def test_every_matrix_action_the_ade_offers_is_driven() -> None:
         Action.SANDBOX_MANAGE,
         Action.API_KEY_MINT_FOR_OTHERS,
         Action.MEMBER_MANAGE,
+        # No ADE pages yet (issue 18): the API's tests drive them.
+        Action.CONVERSATION_WRITE,
+        Action.ARCHIVE_CREATE,
+        Action.ARCHIVE_WRITE,
+        Action.IDENTITY_CREATE,
+        Action.IDENTITY_WRITE,
     }
     assert {case.action for case in CASES} | elsewhere == set(Action)
 
