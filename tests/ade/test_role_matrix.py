@@ -632,3 +632,33 @@ def test_an_admins_import_through_the_ade_leaves_nothing_out(world: World, clien
     assert 'data-testid="import-success"' in body
     assert 'data-testid="import-refused"' not in body
     assert Tool.objects.unscoped().get(id=world.tool.id).source_code == EVIL_ADD
+
+
+# --- what a page offers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_pages_offer_only_the_controls_the_viewer_may_use(role: str, world: World, client: Client) -> None:
+    _pending_approval(world, role)
+    _owner_agent_uses_the_tool(world, role)
+    client.force_login(world.users[role])
+    actor = world.actors[role]
+    creator = world.creator.user_id
+    careful = world.extra["careful"]
+
+    agent_list = client.get(reverse("ade:agent-list")).content.decode()
+    workspace = client.get(reverse("ade:workspace", args=[careful.id])).content.decode()
+    tool_page = client.get(reverse("ade:tool-detail", args=[world.tool.id])).content.decode()
+
+    assert ('data-testid="delete-agent"' in agent_list) is allows(
+        actor, Action.AGENT_DELETE, creator_id=creator
+    )
+    may_configure = allows(actor, Action.AGENT_CONFIGURE, creator_id=creator)
+    assert ('data-testid="read-only-agent"' in workspace) is not may_configure
+    may_decide = allows(actor, Action.APPROVAL_RESPOND, creator_id=creator)
+    assert ('data-testid="approve"' in workspace) is may_decide
+    assert ('data-testid="approval-not-yours"' in workspace) is not may_decide
+    # The owner's agent uses the creator's tool now: only owners and admins may change it.
+    may_write_tool = allows(actor, Action.TOOL_WRITE, creator_id=creator, shared=True)
+    assert ('data-testid="save-tool"' in tool_page) is may_write_tool
+    assert ('data-testid="tool-read-only"' in tool_page) is not may_write_tool

@@ -109,12 +109,19 @@ def tool_list(request: AdeRequest) -> HttpResponse:
 
 def _editor_context(request: AdeRequest, tool: Tool | None, **extra: Any) -> dict[str, Any]:
     source = tool.source_code if tool else STARTER_SOURCE
+    refusal = ""
+    if tool is not None and is_editable(tool):
+        try:
+            tool_services.require_tool_writer(request.actor, tool)
+        except PermissionDenied as exc:  # shown read-only, with why
+            refusal = exc.message
     schema, schema_error = (_readable(tool.json_schema), None) if tool else _schema_of(source)
     context = {
         "tool": tool,
         "kind": tool_kind(tool) if tool else "custom",
         "kinds": KINDS,
-        "editable": is_editable(tool),
+        "editable": is_editable(tool) and not refusal,
+        "refusal": refusal,
         "can_run": request.actor.can_manage,
         "source": source,
         "schema": schema,
