@@ -116,8 +116,10 @@ def agent_create(
     secrets_: dict[str, str] | None = None,
     enable_sleeptime: bool = False,
     timezone_name: str = "UTC",
+    initial_messages: list[MessageIn] | None = None,
 ) -> Agent:
-    """Create an agent with new and existing blocks, tools and validated tool rules.
+    """Create an agent with new and existing blocks, tools and validated tool rules; `initial_messages`
+    (Letta's initial_message_sequence) are its context window, in order.
 
     Raises InvalidInput (bad name, unknown agent type, bad tool rules, duplicate block labels,
     unknown block or tool ids) and BlockTooLong. Nothing is written when it raises.
@@ -179,9 +181,35 @@ def agent_create(
         AgentTool.objects.get_or_create(agent=agent, tool=tool)
     for key, value in (secrets_ or {}).items():
         AgentSecret.objects.for_actor(actor).create(agent=agent, key=key, value=value)
+    if initial_messages:
+        _store_initial_messages(actor=actor, agent=agent, messages=initial_messages)
     if enable_sleeptime and agent_type != AgentType.SLEEPTIME:
         _create_sleeptime_agent(actor=actor, primary=agent)
     return agent
+
+
+def _store_initial_messages(*, actor: Actor, agent: Agent, messages: list[MessageIn]) -> None:
+    """The given messages become the agent's context window, in order, as if they had been sent."""
+    rows = []
+    for message in messages:
+        if message.role not in ("user", "system", "assistant"):
+            raise InvalidInput(f"Unknown message role {message.role!r}; expected user, system or assistant")
+        parts = message.parts()
+        rows.append(
+            Message(
+                organization_id=actor.organization_id,
+                agent=agent,
+                role=message.role,
+                content=parts,
+                text=text_of(parts),
+                otid=message.otid,
+                name=message.name,
+                sender_id=message.sender_id,
+            )
+        )
+    Message.objects.for_actor(actor).bulk_create(rows)
+    agent.message_ids = [row.id for row in rows]
+    agent.save(update_fields=["message_ids", "updated_at"])
 
 
 def _create_sleeptime_agent(*, actor: Actor, primary: Agent) -> Agent:

@@ -164,9 +164,8 @@ def test_create_folds_deprecated_fields_into_their_replacements(actor, api_clien
         "embedding_config": {"handle": "openai/text-embedding-3-large", "embedding_dim": 3072},
         "max_tokens": 300,
         "tool_exec_environment_variables": {"TOKEN": "abc"},
-        "project_id": "ignored",
+        "project_id": "ignored",  # Letta: "Deprecated: No longer used"
         "template": False,
-        "memory_variables": {"x": "y"},
     }
 
     response = api_client_for(actor).post("/v1/agents/", body, format="json")

@@ -16,6 +16,15 @@ from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
 from apps.api.serializers.common import BlockOut
+from apps.api.serializers.messages import _message_create
+from apps.api.serializers.strict import (
+    CLOUD_ONLY,
+    FOLDERS_LATER,
+    IDENTITIES_LATER,
+    MULTI_AGENT_LATER,
+    REASONING_IN_SETTINGS,
+    refuse_unsupported,
+)
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
@@ -356,9 +365,54 @@ def _null_to_default(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str
     return {**data, **{key: value for key, value in defaults.items() if data.get(key) is None}}
 
 
+def _config_handle(config: dict[str, Any], *, kind: str) -> str:
+    """The handle an old client's llm_config / embedding_config names: its own, else
+    '<endpoint type>/<model>' (Letta's configs carry both)."""
+    if config.get("handle"):
+        return str(config["handle"])
+    endpoint, model = (
+        (config.get("model_endpoint_type"), config.get("model"))
+        if kind == "llm"
+        else (config.get("embedding_endpoint_type"), config.get("embedding_model"))
+    )
+    return f"{endpoint}/{model}" if endpoint and model else ""
+
+
+CREATE_UNSUPPORTED = {
+    "source_ids": FOLDERS_LATER,
+    "folder_ids": FOLDERS_LATER,
+    "include_default_source": FOLDERS_LATER,
+    "max_files_open": FOLDERS_LATER,
+    "per_file_view_window_char_limit": FOLDERS_LATER,
+    "identity_ids": IDENTITIES_LATER,
+    "include_multi_agent_tools": MULTI_AGENT_LATER,
+    "from_template": CLOUD_ONLY,
+    "template": CLOUD_ONLY,
+    "project": CLOUD_ONLY,
+    "memory_variables": CLOUD_ONLY,
+    "reasoning": REASONING_IN_SETTINGS,
+    "enable_reasoner": REASONING_IN_SETTINGS,
+    "max_reasoning_tokens": REASONING_IN_SETTINGS,
+}
+"""CreateAgent fields Letta documents that this server refuses (422 naming them) rather than drop."""
+UPDATE_UNSUPPORTED = {
+    key: CREATE_UNSUPPORTED[key]
+    for key in (
+        "source_ids",
+        "folder_ids",
+        "max_files_open",
+        "per_file_view_window_char_limit",
+        "identity_ids",
+        "reasoning",
+    )
+}
+NO_LONGER_USED = ("embedding_chunk_size", "project_id", "template_id", "base_template_id")
+"""Fields Letta documents as "Deprecated: No longer used": accepted, and (as on Letta) without effect."""
+
+
 class AgentCreateIn(serializers.Serializer):
-    """Letta's CreateAgent. Deprecated aliases are folded into their replacements; other deprecated or
-    template fields are accepted and ignored."""
+    """Letta's CreateAgent. Deprecated aliases are folded into their replacements; what this server does
+    not serve is refused by name (CREATE_UNSUPPORTED); Letta's no-longer-used fields are accepted."""
 
     name = serializers.CharField(required=False, allow_null=True)
     description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
@@ -391,18 +445,32 @@ class AgentCreateIn(serializers.Serializer):
     embedding_config = serializers.DictField(required=False, allow_null=True)
     max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+    response_format = serializers.DictField(required=False, allow_null=True)
+    initial_message_sequence = serializers.ListField(
+        child=serializers.DictField(), required=False, allow_null=True, max_length=1000
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unsupported(self.initial_data, CREATE_UNSUPPORTED)
         attrs = dict(attrs)
         llm = attrs.pop("llm_config", None) or {}
         emb = attrs.pop("embedding_config", None) or {}
-        if not attrs.get("model") and llm.get("handle"):
-            attrs["model"] = llm["handle"]
+        if not attrs.get("model"):
+            attrs["model"] = _config_handle(llm, kind="llm") or attrs.get("model")
         if attrs.get("context_window_limit") is None and llm.get("context_window"):
             attrs["context_window_limit"] = llm["context_window"]
-        if not attrs.get("embedding") and emb.get("handle"):
-            attrs["embedding"] = emb["handle"]
+        if not attrs.get("embedding"):
+            attrs["embedding"] = _config_handle(emb, kind="embedding") or attrs.get("embedding")
+        sequence = attrs.pop("initial_message_sequence", None)
+        if sequence is not None:
+            attrs["initial_messages"] = [
+                _message_create(item, f"initial_message_sequence[{index}]")
+                for index, item in enumerate(sequence)
+            ]
         settings = dict(attrs.pop("model_settings", None) or {})
+        response_format = attrs.pop("response_format", None)
+        if response_format is not None:
+            settings.setdefault("response_format", response_format)
         for legacy, key in (
             ("max_tokens", "max_output_tokens"),
             ("parallel_tool_calls", "parallel_tool_calls"),
@@ -470,6 +538,7 @@ class AgentCreateIn(serializers.Serializer):
             "message_buffer_autoclear": data["message_buffer_autoclear"],
             "hidden": data["hidden"],
             "timezone_name": data["timezone"],
+            "initial_messages": data.get("initial_messages"),
         }
 
 
@@ -504,6 +573,7 @@ class AgentUpdateIn(serializers.Serializer):
     embedding_config = serializers.DictField(allow_null=True)
     max_tokens = serializers.IntegerField(allow_null=True, min_value=1)
     parallel_tool_calls = serializers.BooleanField(allow_null=True)
+    response_format = serializers.DictField(allow_null=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Every field is optional: PATCH semantics, with absent kept apart from null."""
@@ -512,15 +582,16 @@ class AgentUpdateIn(serializers.Serializer):
             field.required = False
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unsupported(self.initial_data, UPDATE_UNSUPPORTED)
         attrs = dict(attrs)
         llm = attrs.pop("llm_config", None) or {}
         emb = attrs.pop("embedding_config", None) or {}
-        if "model" not in attrs and llm.get("handle"):
-            attrs["model"] = llm["handle"]
+        if "model" not in attrs and _config_handle(llm, kind="llm"):
+            attrs["model"] = _config_handle(llm, kind="llm")
         if "context_window_limit" not in attrs and llm.get("context_window"):
             attrs["context_window_limit"] = llm["context_window"]
-        if "embedding" not in attrs and emb.get("handle"):
-            attrs["embedding"] = emb["handle"]
+        if "embedding" not in attrs and _config_handle(emb, kind="embedding"):
+            attrs["embedding"] = _config_handle(emb, kind="embedding")
         legacy = {
             key: attrs.pop(old)
             for old, key in (
@@ -531,6 +602,9 @@ class AgentUpdateIn(serializers.Serializer):
         }
         if llm.get("temperature") is not None:
             legacy["temperature"] = llm["temperature"]
+        if attrs.get("response_format") is not None:
+            legacy["response_format"] = attrs["response_format"]
+        attrs.pop("response_format", None)
         attrs.pop("max_tokens", None)
         attrs.pop("parallel_tool_calls", None)
         if legacy and "model_settings" not in attrs:
