@@ -330,3 +330,87 @@ def _result(message: Message, zone: ZoneInfo) -> dict[str, Any]:
         "role": message.role,
         "content": message.text,
     }
+
+
+# --- across the organisation (POST /v1/messages/search) -----------------------------------------------
+
+SEARCH_MODES = ("vector", "fts", "hybrid")
+MAX_EMBEDDING_MODELS = 5
+"""An organisation-wide vector search embeds the query once per embedding model its agents use; past this
+many models, the rest are searched by keywords only (a bounded cost per request)."""
+
+
+def organization_search(
+    *,
+    actor: Actor,
+    query: str,
+    search_mode: str = "hybrid",
+    agent_id: str | None = None,
+    conversation_id: str | None = None,
+    limit: int = 50,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> list[tuple[Message, dict[str, Any]]]:
+    """Messages of the whole organisation (or one agent, or one conversation) ranked for `query`:
+    keywords (`fts`), meaning (`vector`, per embedding model its agents use) or both fused with RRF
+    (`hybrid`). Each hit comes with `fts_rank`, `vector_rank` and `rrf_score`. Raises InvalidInput,
+    AgentNotFound."""
+    if search_mode not in SEARCH_MODES:
+        raise InvalidInput(f"search_mode must be one of {', '.join(SEARCH_MODES)}, got {search_mode!r}")
+    text = (query or "").strip()
+    if not text:
+        raise InvalidInput("query must not be empty")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
+    agents = Agent.objects.for_actor(actor)
+    if agent_id is not None:
+        agents = agents.filter(id=agent_id)
+        if not agents.exists():
+            raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    base = (
+        Message.objects.for_actor(actor)
+        .exclude(role=Message.Role.SYSTEM)
+        .exclude(text="")
+        .exclude(role=Message.Role.TOOL, name=SEARCH_TOOL_NAME)
+    )
+    if agent_id is not None:
+        base = base.filter(agent_id=agent_id)
+    if conversation_id is not None:
+        base = base.filter(conversation_id=conversation_id)
+    if start is not None:
+        base = base.filter(created_at__gte=start)
+    if end is not None:
+        base = base.filter(created_at__lte=end)
+    pool = max(CANDIDATES_PER_LIST, 3 * limit)
+    lists: dict[str, list[str]] = {}
+    if search_mode in ("fts", "hybrid"):
+        lists["fts_rank"] = list(_keyword_ranking(base, text)[:pool])
+    if search_mode in ("vector", "hybrid"):
+        handles = (
+            agents.exclude(embedding="").values_list("embedding", flat=True).distinct().order_by("embedding")
+        )
+        for index, handle in enumerate(handles[:MAX_EMBEDDING_MODELS]):
+            vector = _query_embedding(actor=actor, handle=handle, text=text)
+            if vector is None:
+                continue
+            of_model = base.filter(agent__embedding=handle)
+            with filtered_vector_scan():
+                ids = list(message_nearest(of_model, embedding=vector).values_list("id", flat=True)[:pool])
+            lists[f"vector_rank:{index}"] = ids
+    fused = reciprocal_rank_fusion(lists)
+    messages = Message.objects.for_actor(actor).in_bulk(list(fused))
+    ranked = sorted(
+        ((message_id, scores) for message_id, scores in fused.items() if message_id in messages),
+        key=lambda item: (-item[1]["rrf_score"], -messages[item[0]].sequence_id),
+    )
+    return [(messages[message_id], _search_ranks(scores)) for message_id, scores in ranked[:limit]]
+
+
+def _search_ranks(scores: dict[str, Any]) -> dict[str, Any]:
+    """Letta's rank fields: one vector rank (the best over the embedding models), the FTS rank, RRF."""
+    vector_ranks = [rank for key, rank in scores.items() if key.startswith("vector_rank:")]
+    return {
+        "fts_rank": scores.get("fts_rank"),
+        "vector_rank": min(vector_ranks) if vector_ranks else None,
+        "rrf_score": scores["rrf_score"],
+    }
