@@ -144,7 +144,8 @@ def _conversation_search(args: dict[str, Any], ctx: ToolContext, agent: Agent) -
 
 
 def _archival_memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
-    """Stores one passage; memory_changed because the system message shows the archival count and tags."""
+    """Stores one passage; memory_changed because the system message shows the archival count and tags.
+    Without an embedding model (the agent's or its archive's) the passage is stored without a vector."""
     archive = archival.agent_archive(
         actor=ctx.actor,
         agent_id=agent.id,
@@ -162,33 +163,32 @@ def _archival_memory_insert(args: dict[str, Any], ctx: ToolContext, agent: Agent
 
 
 def _archival_memory_search(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
-    if not agent.embedding.strip():
-        raise archival.EmbeddingModelMissing(archival.ARCHIVAL_NEEDS_EMBEDDING)
+    """Searches every archive attached to the agent: by meaning where the archive has an embedding model,
+    by a text match (every word of the query) where it has none (see archival.archive_search)."""
     zone = recall.agent_zone(agent.timezone)
     start = recall.parse_time_bound(args.get("start_datetime"), zone=zone, end=False, name="start_datetime")
     end = recall.parse_time_bound(args.get("end_datetime"), zone=zone, end=True, name="end_datetime")
     archives = list(archival.agent_archives(actor=ctx.actor, agent_id=agent.id))
     if not archives:
         return ToolResult.ok("[]")
-    hits = archival.passage_search(
+    hits = archival.archive_search(
         actor=ctx.actor,
-        archive_ids=[archive.id for archive in archives],
+        archives=archives,
         query=args["query"],
-        embedding_handle=archives[0].embedding or agent.embedding,
         tags=args.get("tags"),
-        tag_match_mode=args.get("tag_match_mode", "any"),
-        top_k=args.get("top_k", archival.DEFAULT_TOP_K),
+        tag_match_mode=args.get("tag_match_mode") or "any",
+        top_k=archival.DEFAULT_TOP_K if args.get("top_k") is None else args["top_k"],
         start=start,
         end=end,
     )
     results = [
         {
-            "id": passage.id,
-            "timestamp": passage.created_at.astimezone(zone).isoformat(timespec="seconds"),
-            "content": passage.text,
-            "tags": passage.tags,
+            "id": hit.passage.id,
+            "timestamp": hit.passage.created_at.astimezone(zone).isoformat(timespec="seconds"),
+            "content": hit.passage.text,
+            "tags": hit.passage.tags,
         }
-        for passage, _distance in hits
+        for hit in hits
     ]
     return ToolResult.ok(json.dumps(results, ensure_ascii=False))
 

@@ -1110,3 +1110,28 @@ def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency
     agent.sleeptime_agent_frequency = frequency
     agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
     return agent
+
+
+# --- Archives attached to agents (issue 18: /v1/agents/{agent_id}/archives/...) ---------------------------
+
+
+@transaction.atomic
+def agent_attach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
+    """Attach an archive of the organisation to the agent (an archive may serve several agents): the
+    agent's archival searches then cover it. Attaching twice is a no-op. Raises AgentNotFound,
+    ArchiveNotFound, PermissionDenied (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archival.archive_attach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
+    """Detach an archive from the agent; the archive and its passages stay. Detaching one that is not
+    attached is a no-op (as in Letta). Raises AgentNotFound, ArchiveNotFound, PermissionDenied
+    (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archival.archive_detach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
+    return agent

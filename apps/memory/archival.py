@@ -1,12 +1,16 @@
-"""Archival memory: an agent's archives of passages, embedded with one embedding model per archive and
-searched by cosine distance through the per-dimension partial HNSW indexes (see apps.memory.models).
+"""Archival memory: archives of passages (an agent's own, or shared by several agents), embedded with one
+embedding model per archive and searched by cosine distance through the per-dimension partial HNSW indexes
+(see apps.memory.models); the archives themselves (create, modify, delete, attach to agents).
 
 This module must not import apps.agents: agents are referred to by id, through the `Agent.archives`
 many-to-many table (`Archive.agents.through`) and the `agents` reverse lookup.
 
-Invariant: every passage of an archive is embedded by `archive.embedding` (set on the first insert with
-its dimension), so distances inside an archive compare like with like. The provider is always called
-outside a transaction: no lock is held while waiting for it.
+Invariant: every embedded passage of an archive is embedded by `archive.embedding` (chosen when the archive
+is created, or adopted by its first insert while it holds no passage), so distances inside an archive
+compare like with like. The embedding model is optional, as in Letta: an archive without one stores its
+passages without vectors (embedding and embedding_dim null), and a search finds those by a text match
+instead of by similarity. The provider is always called outside a transaction: no lock is held while
+waiting for it.
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from django.apps import apps as django_apps
 from django.db import connection, transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import Case, DateTimeField, OuterRef, QuerySet, Subquery, Sum, Value, When
 from pgvector.django import CosineDistance
 
+from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound
+from apps.core.permissions import Action
 from apps.llm.embeddings import embed
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import EmbeddingTarget, resolve_embedding
@@ -32,12 +39,17 @@ from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Passage, vecto
 logger = logging.getLogger(__name__)
 
 TagMatchMode = Literal["any", "all"]
+MatchKind = Literal["vector", "text", "filter"]
 
 ARCHIVAL_NEEDS_EMBEDDING = "archival memory needs an embedding model: set the agent's embedding handle"
 DEFAULT_TOP_K = 10
 MAX_TOP_K = 100
 """Searches return at most this many passages: more would not fit a tool return anyway."""
 MAX_TAG_LENGTH = 100  # Passage.tags items are varchar(100)
+MAX_ARCHIVE_NAME_LENGTH = 200  # Archive.name is varchar(200)
+TEXT_MATCH_SCORE = 1.0
+"""Score of a passage found by text match: it contains every word of the query, which ranks it ahead of
+passages that are only near in meaning (cosine similarity is at most 1)."""
 
 
 class EmbeddingModelMissing(InvalidInput):
@@ -48,6 +60,32 @@ class EmbeddingModelMissing(InvalidInput):
 
 class PassageNotFound(NotFound):
     code = "passage_not_found"
+
+
+class ArchiveNotFound(NotFound):
+    code = "archive_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class PassageSpec:
+    """One passage to store: its text, and optionally its tags, metadata and creation time (Letta lets
+    callers backdate passages they import)."""
+
+    text: str
+    tags: Sequence[str] | None = None
+    metadata: dict[str, Any] | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PassageHit:
+    """A passage a search found: `score` is the cosine similarity to the query ("vector"), TEXT_MATCH_SCORE
+    ("text": a passage without a vector containing every word of the query), or 0.0 ("filter": no query,
+    only the filters)."""
+
+    passage: Passage
+    score: float
+    match: MatchKind
 
 
 def embedding_target(*, actor: Actor, embedding_handle: str) -> EmbeddingTarget:
@@ -65,41 +103,51 @@ def embedding_target(*, actor: Actor, embedding_handle: str) -> EmbeddingTarget:
 
 
 def agent_archives(*, actor: Actor, agent_id: str) -> QuerySet[Archive]:
-    """The archives attached to the agent, oldest first; the first is where the agent's inserts go."""
-    return Archive.objects.for_actor(actor).filter(agents__id=agent_id).order_by("created_at", "id")
+    """The archives attached to the agent, in the order they were attached; the first is where the agent's
+    inserts go (its own archive, unless an archive was attached before its first insert, as in Letta)."""
+    links = Archive.agents.through.objects.filter(agent_id=agent_id, archive_id=OuterRef("pk")).values("id")
+    return (
+        Archive.objects.for_actor(actor)
+        .filter(agents__id=agent_id)
+        .annotate(link_id=Subquery(links[:1]))
+        .order_by("link_id")
+    )
 
 
 def agent_archive(
     *, actor: Actor, agent_id: str, embedding_handle: str, embedding_dim: int | None = None
 ) -> Archive:
-    """The agent's default archive, created (with this embedding model) and attached on first use.
+    """The agent's default archive, created (with this embedding model, possibly none) and attached on first
+    use; it is the agent's creator's (ARCHIVE_WRITE), whoever caused it.
 
-    Raises EmbeddingModelMissing without an embedding handle, NotFound for an agent outside the actor's
-    organisation. An existing archive keeps its own embedding model even if the agent's has changed.
+    Raises NotFound for an agent outside the actor's organisation. An existing archive keeps its own
+    embedding model even if the agent's has changed. Without an embedding handle the archive stores
+    passages without vectors (text search only), as Letta allows.
     """
-    if not (embedding_handle or "").strip():
-        raise EmbeddingModelMissing(ARCHIVAL_NEEDS_EMBEDDING)
     existing = agent_archives(actor=actor, agent_id=agent_id).first()
     if existing is not None:
         return existing
+    handle = (embedding_handle or "").strip()
     agent_model = django_apps.get_model("agents", "Agent")
     with transaction.atomic():
         # The agent's row lock makes two concurrent first inserts agree on one archive.
-        names = list(
+        rows = list(
             agent_model.objects.for_actor(actor)
             .select_for_update()
             .filter(id=agent_id)
-            .values_list("name", flat=True)
+            .values_list("name", "created_by_id")
         )
-        if not names:
+        if not rows:
             raise NotFound(f"Agent with id '{agent_id}' not found")
         existing = agent_archives(actor=actor, agent_id=agent_id).first()
         if existing is not None:
             return existing
+        [(name, creator_id)] = rows
         archive = Archive.objects.for_actor(actor).create(
-            name=f"{names[0]}'s archive",
-            embedding=embedding_handle.strip(),
-            embedding_dim=embedding_dim,
+            name=f"{name}'s archive",
+            embedding=handle,
+            embedding_dim=embedding_dim if handle else None,
+            created_by_id=creator_id,
         )
         Archive.agents.through.objects.create(agent_id=agent_id, archive_id=archive.id)
     return archive
@@ -111,55 +159,121 @@ def passage_insert(
     archive: Archive,
     texts: Sequence[str],
     tags: Sequence[str] | None = None,
-    embedding_handle: str,
+    embedding_handle: str = "",
     created_by_id: str | None = None,
 ) -> list[Passage]:
-    """Embed `texts` in one batch with `embedding_handle` and store one passage per text, all tagged `tags`.
+    """Store one passage per text, all tagged `tags`: see passages_insert."""
+    if isinstance(texts, str) or not texts:
+        raise InvalidInput("Give at least one text to store in archival memory.")
+    return passages_insert(
+        actor=actor,
+        archive=archive,
+        passages=[PassageSpec(text=text, tags=tags) for text in texts],
+        embedding_handle=embedding_handle,
+        created_by_id=created_by_id,
+    )
 
-    Raises EmbeddingModelMissing (no usable handle), InvalidInput (empty text, bad tags, a handle or vector
-    size other than the archive's), NotFound for another organisation's archive, and LLMError when the
-    provider fails. Nothing is written when it raises.
+
+def passages_insert(
+    *,
+    actor: Actor,
+    archive: Archive,
+    passages: Sequence[PassageSpec],
+    embedding_handle: str = "",
+    created_by_id: str | None = None,
+) -> list[Passage]:
+    """Store the passages in the archive, embedded in one batch with the archive's model.
+
+    An archive without a model adopts `embedding_handle` on its first insert (while it holds no passage);
+    without either, the passages are stored without vectors and found by text match. Raises
+    EmbeddingModelMissing (a handle that does not resolve), InvalidInput (empty text, bad tags or
+    metadata, a handle or vector size other than the archive's), NotFound for another organisation's
+    archive, and LLMError when the provider fails. Nothing is written when it raises.
     """
     if archive.organization_id != actor.organization_id:
-        raise NotFound(f"Archive with id '{archive.id}' not found")
-    clean_texts = _clean_texts(texts)
-    clean_tags = normalize_tags(tags)
+        raise ArchiveNotFound(f"Archive with id '{archive.id}' not found")
+    if not passages:
+        raise InvalidInput("Give at least one text to store in archival memory.")
+    clean_texts = _clean_texts([spec.text for spec in passages])
+    clean_tags = [normalize_tags(spec.tags) for spec in passages]
+    for spec in passages:
+        if spec.metadata is not None and not isinstance(spec.metadata, dict):
+            raise InvalidInput('metadata must be a JSON object, e.g. {"source": "notes"}.')
     handle = (embedding_handle or "").strip()
     if archive.embedding and handle and handle != archive.embedding:
         raise InvalidInput(
             f"Archive '{archive.name}' is embedded with '{archive.embedding}', not '{handle}': "
             "passages of one archive must share one embedding model."
         )
-    vectors = embed(embedding_target(actor=actor, embedding_handle=handle), clean_texts)
-    dimension = len(vectors[0])
+    model = archive.embedding or (handle if handle and not _holds_passages(actor, archive) else "")
+    vectors: list[list[float] | None] = []
+    dimension: int | None = None
+    if model:
+        embedded = embed(embedding_target(actor=actor, embedding_handle=model), clean_texts)
+        vectors, dimension = list(embedded), len(embedded[0])
+    else:
+        vectors = [None] * len(clean_texts)
     with transaction.atomic():
         locked = Archive.objects.for_actor(actor).select_for_update().filter(id=archive.id).first()
         if locked is None:
-            raise NotFound(f"Archive with id '{archive.id}' not found")
-        if locked.embedding_dim is not None and locked.embedding_dim != dimension:
-            raise InvalidInput(
-                f"Archive '{locked.name}' holds {locked.embedding_dim}-dimensional embeddings; "
-                f"'{handle}' produced {dimension}-dimensional ones."
-            )
-        if locked.embedding_dim is None or not locked.embedding:
-            Archive.objects.for_actor(actor).filter(id=locked.id).update(
-                embedding=locked.embedding or handle, embedding_dim=dimension
-            )
-            archive.embedding, archive.embedding_dim = locked.embedding or handle, dimension
-        return Passage.objects.for_actor(actor).bulk_create(
+            raise ArchiveNotFound(f"Archive with id '{archive.id}' not found")
+        if model:
+            _adopt_model(actor, archive, locked, model=model, dimension=dimension)
+        created = Passage.objects.for_actor(actor).bulk_create(
             [
                 Passage(
                     organization_id=actor.organization_id,
                     archive_id=archive.id,
                     text=text,
                     embedding=vector,
-                    embedding_dim=dimension,
-                    tags=list(clean_tags),
+                    embedding_dim=dimension if vector is not None else None,
+                    tags=list(tags),
+                    metadata=dict(spec.metadata or {}),
                     created_by_id=created_by_id,
                 )
-                for text, vector in zip(clean_texts, vectors, strict=True)
+                for text, vector, tags, spec in zip(clean_texts, vectors, clean_tags, passages, strict=True)
             ]
         )
+        _backdate(actor, created, [spec.created_at for spec in passages])
+    return created
+
+
+def _holds_passages(actor: Actor, archive: Archive) -> bool:
+    return Passage.objects.for_actor(actor).filter(archive_id=archive.id).exists()
+
+
+def _adopt_model(
+    actor: Actor, archive: Archive, locked: Archive, *, model: str, dimension: int | None
+) -> None:
+    """Check the vectors fit the (locked) archive, and record its model and dimension on first use."""
+    if locked.embedding and locked.embedding != model:
+        raise InvalidInput(
+            f"Archive '{locked.name}' is embedded with '{locked.embedding}', not '{model}': "
+            "passages of one archive must share one embedding model."
+        )
+    if locked.embedding_dim is not None and locked.embedding_dim != dimension:
+        raise InvalidInput(
+            f"Archive '{locked.name}' holds {locked.embedding_dim}-dimensional embeddings; "
+            f"'{model}' produced {dimension}-dimensional ones."
+        )
+    if locked.embedding_dim is None or not locked.embedding:
+        Archive.objects.for_actor(actor).filter(id=locked.id).update(embedding=model, embedding_dim=dimension)
+        archive.embedding, archive.embedding_dim = model, dimension
+
+
+def _backdate(actor: Actor, passages: Sequence[Passage], moments: Sequence[datetime | None]) -> None:
+    """Give passages the creation times their callers chose, in one statement (created_at is auto_now_add,
+    which bulk_create always fills with now)."""
+    chosen = [(p, moment) for p, moment in zip(passages, moments, strict=True) if moment is not None]
+    if not chosen:
+        return
+    Passage.objects.for_actor(actor).filter(id__in=[p.id for p, _ in chosen]).update(
+        created_at=Case(
+            *[When(id=p.id, then=Value(moment)) for p, moment in chosen], output_field=DateTimeField()
+        )
+    )
+    for passage, moment in chosen:
+        passage.created_at = moment
 
 
 def passage_search(
@@ -303,6 +417,216 @@ def agent_archival_stats(*, actor: Actor, agent_id: str) -> tuple[int, list[str]
         )
         total, tags = cursor.fetchone()
     return int(total), list(tags) if total else []
+
+
+# --- Archives (the /v1/archives resource) ------------------------------------------------------------------
+
+
+def archive_get(*, actor: Actor, archive_id: str) -> Archive:
+    """Raises ArchiveNotFound, also for another organisation's archive (existence is not leaked)."""
+    archive = Archive.objects.for_actor(actor).filter(id=archive_id).first()
+    if archive is None:
+        raise ArchiveNotFound(f"Archive with id '{archive_id}' not found")
+    return archive
+
+
+def archive_list(*, actor: Actor, name: str | None = None, agent_id: str | None = None) -> QuerySet[Archive]:
+    """The organisation's archives, optionally only those with exactly this name or attached to this agent
+    (the caller checks the agent is visible: an unknown one simply has no archives here)."""
+    queryset = Archive.objects.for_actor(actor)
+    if name is not None:
+        queryset = queryset.filter(name=name)
+    if agent_id is not None:
+        queryset = queryset.filter(agents__id=agent_id)
+    return queryset
+
+
+def archive_create(
+    *, actor: Actor, name: str, description: str = "", embedding_handle: str | None = None
+) -> Archive:
+    """Create an archive owned by the actor (ARCHIVE_CREATE). With an embedding handle, its passages are
+    embedded with that model; without one they are stored without vectors and searched by text match (an
+    archive may still adopt a model with its first insert, see passages_insert).
+
+    Raises PermissionDenied, InvalidInput (a blank or long name), EmbeddingModelMissing (an unknown handle).
+    """
+    permissions.require(actor, Action.ARCHIVE_CREATE)
+    clean_name = _clean_archive_name(name)
+    handle = (embedding_handle or "").strip()
+    dimension = embedding_target(actor=actor, embedding_handle=handle).dimension if handle else None
+    return Archive.objects.for_actor(actor).create(
+        name=clean_name,
+        description=description or "",
+        embedding=handle,
+        embedding_dim=dimension,
+        created_by_id=actor.user_id,
+    )
+
+
+@transaction.atomic
+def archive_update(
+    *, actor: Actor, archive_id: str, name: str | None = None, description: str | None = None
+) -> Archive:
+    """Rename or redescribe an archive (None leaves a field as it is). Raises ArchiveNotFound,
+    PermissionDenied (ARCHIVE_WRITE), InvalidInput."""
+    archive = _lock_archive(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    if name is not None:
+        archive.name = _clean_archive_name(name)
+    if description is not None:
+        archive.description = description
+    archive.save(update_fields=["name", "description", "updated_at"])
+    return archive
+
+
+@transaction.atomic
+def archive_delete(*, actor: Actor, archive_id: str) -> None:
+    """Delete an archive with its passages; the agents it was attached to keep working without it.
+    Raises ArchiveNotFound, PermissionDenied (ARCHIVE_WRITE)."""
+    archive = _lock_archive(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    archive.delete()
+
+
+def archive_passages_create(
+    *, actor: Actor, archive_id: str, passages: Sequence[PassageSpec]
+) -> tuple[Archive, list[Passage]]:
+    """Add passages to an archive as the actor, embedded with the archive's model if it has one.
+    An empty list stores nothing (as Letta). Raises ArchiveNotFound, PermissionDenied (ARCHIVE_WRITE),
+    and what passages_insert raises."""
+    archive = archive_get(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    if not passages:
+        return archive, []
+    created = passages_insert(
+        actor=actor, archive=archive, passages=passages, embedding_handle="", created_by_id=actor.user_id
+    )
+    return archive, created
+
+
+@transaction.atomic
+def archive_passage_delete(*, actor: Actor, archive_id: str, passage_id: str) -> None:
+    """Delete one passage of the archive. Raises ArchiveNotFound, PermissionDenied (ARCHIVE_WRITE),
+    PassageNotFound, InvalidInput for a passage of another archive (Letta's 400)."""
+    archive = archive_get(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    passage = Passage.objects.for_actor(actor).filter(id=passage_id).only("id", "archive_id").first()
+    if passage is None:
+        raise PassageNotFound(f"Passage with id '{passage_id}' not found")
+    if passage.archive_id != archive.id:
+        raise InvalidInput(f"Passage {passage_id} does not belong to archive {archive_id}")
+    Passage.objects.for_actor(actor).filter(id=passage.id).delete()
+
+
+def archive_attach_agent(*, actor: Actor, archive_id: str, agent_id: str) -> Archive:
+    """Attach the archive to an agent the caller has already checked (visible, and theirs to configure):
+    its searches then cover the archive. Attaching twice is a no-op. Raises ArchiveNotFound,
+    PermissionDenied (ARCHIVE_WRITE)."""
+    archive = archive_get(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    Archive.agents.through.objects.get_or_create(agent_id=agent_id, archive_id=archive.id)
+    return archive
+
+
+def archive_detach_agent(*, actor: Actor, archive_id: str, agent_id: str) -> Archive:
+    """Detach the archive from an agent (the archive and its passages stay); detaching an archive that is
+    not attached is a no-op, as in Letta. Raises ArchiveNotFound, PermissionDenied (ARCHIVE_WRITE)."""
+    archive = archive_get(actor=actor, archive_id=archive_id)
+    require_archive_writer(actor, archive)
+    Archive.agents.through.objects.filter(agent_id=agent_id, archive_id=archive.id).delete()
+    return archive
+
+
+def require_archive_writer(actor: Actor, archive: Archive) -> None:
+    """The role matrix's ARCHIVE_WRITE: the archive's creator, owners and admins. Raises PermissionDenied."""
+    permissions.require(
+        actor, Action.ARCHIVE_WRITE, creator_id=archive.created_by_id, subject=f"archive '{archive.name}'"
+    )
+
+
+def _lock_archive(*, actor: Actor, archive_id: str) -> Archive:
+    archive = Archive.objects.for_actor(actor).select_for_update().filter(id=archive_id).first()
+    if archive is None:
+        raise ArchiveNotFound(f"Archive with id '{archive_id}' not found")
+    return archive
+
+
+def _clean_archive_name(name: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput("An archive needs a name.")
+    if len(name) > MAX_ARCHIVE_NAME_LENGTH:
+        raise InvalidInput(f"An archive name may be at most {MAX_ARCHIVE_NAME_LENGTH} characters.")
+    return name
+
+
+# --- Search across archives, with or without embedding models ---------------------------------------------
+
+
+def archive_search(
+    *,
+    actor: Actor,
+    archives: Sequence[Archive],
+    query: str | None,
+    tags: Sequence[str] | None = None,
+    tag_match_mode: TagMatchMode = "any",
+    top_k: int = DEFAULT_TOP_K,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> list[PassageHit]:
+    """Passages of `archives` that fit the filters, best first, at most `top_k` (capped at MAX_TOP_K).
+
+    A passage with a vector is ranked by cosine similarity to the query, embedded with its archive's model
+    (one provider call per distinct model). A passage without one (its archive has no embedding model) is
+    found by a text match instead of by similarity: it must contain every word of the query, ignoring
+    case; these come first (TEXT_MATCH_SCORE), oldest first. With `query` None: the passages that fit the
+    filters, oldest first, score 0. `tags` filter with "any" or "all"; `start`/`end` are inclusive.
+
+    Raises InvalidInput (an empty query string, bad top_k, tags or tag_match_mode), EmbeddingModelMissing
+    (an archive's model no longer resolves), LLMError (the provider failed).
+    """
+    if query is not None and (not isinstance(query, str) or not query.strip()):
+        raise InvalidInput("query must be a non-empty string: describe what to look for.")
+    if top_k < 1:
+        raise InvalidInput(f"top_k must be at least 1, got {top_k}.")
+    limit = min(top_k, MAX_TOP_K)
+    base = _filtered(
+        Passage.objects.for_actor(actor).filter(archive_id__in=[archive.id for archive in archives]),
+        tags=tags,
+        tag_match_mode=tag_match_mode,
+        start=start,
+        end=end,
+    )
+    if not archives:
+        return []
+    if query is None:
+        return [PassageHit(p, 0.0, "filter") for p in base.order_by("created_at", "id")[:limit]]
+    text_only = base.filter(embedding__isnull=True)
+    for word in query.split():
+        text_only = text_only.filter(text__icontains=word)
+    hits = [PassageHit(p, TEXT_MATCH_SCORE, "text") for p in text_only.order_by("created_at", "id")[:limit]]
+    if len(hits) >= limit:
+        return hits
+    by_model: dict[str, list[str]] = {}
+    for archive in archives:
+        if archive.embedding:
+            by_model.setdefault(archive.embedding, []).append(archive.id)
+    near: list[PassageHit] = []
+    for handle, archive_ids in by_model.items():
+        [vector] = embed(embedding_target(actor=actor, embedding_handle=handle), [query])
+        queryset = passage_search_queryset(
+            actor=actor,
+            archive_ids=archive_ids,
+            embedding=vector,
+            tags=tags,
+            tag_match_mode=tag_match_mode,
+            top_k=limit,
+            start=start,
+            end=end,
+        )
+        with filtered_vector_scan():
+            near += [PassageHit(p, 1.0 - float(p.distance), "vector") for p in queryset]
+    near.sort(key=lambda hit: hit.score, reverse=True)
+    return (hits + near)[:limit]
 
 
 def normalize_tags(tags: Sequence[str] | None) -> list[str]:

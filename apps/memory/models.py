@@ -123,7 +123,8 @@ class BlockHistory(OrgOwnedModel):
 
 
 class Archive(OrgOwnedModel):
-    """A collection of passages (archival memory), attachable to several agents."""
+    """A collection of passages (archival memory), attachable to several agents. `created_by` decides who
+    may change it (the role matrix's ARCHIVE_WRITE); an agent's own archive is its agent's creator's."""
 
     id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_archive_id, editable=False)
     name = models.CharField(max_length=200)
@@ -132,6 +133,9 @@ class Archive(OrgOwnedModel):
     embedding_dim = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     vector_db_provider = models.CharField(max_length=32, default="native")
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["created_at"]

@@ -7,7 +7,6 @@ from rest_framework.test import APIClient
 from apps.agents.models import Agent
 from apps.agents.services import agent_create
 from apps.core.actor import Actor
-from apps.memory.archival import ARCHIVAL_NEEDS_EMBEDDING
 from apps.memory.models import Archive, Passage
 
 EMBEDDING = "openai/text-embedding-small-384"  # the scripted server answers 384-dimensional vectors
@@ -61,14 +60,26 @@ def test_insert_returns_the_created_passage(actor, agent, client):
     assert Passage.objects.for_actor(actor).get(id=passage["id"]).text == "Sam likes tea"
 
 
-def test_insert_without_an_embedding_model_is_400_with_archivals_message(actor, client):
+def test_insert_without_an_embedding_model_stores_the_text_without_a_vector(actor, client, llm):
     agent = agent_create(actor=actor, name="NoEmbedding", include_base_tools=False)
 
-    response = client.post(f"/v1/agents/{agent.id}/archival-memory", {"text": "x"}, format="json")
+    response = client.post(
+        f"/v1/agents/{agent.id}/archival-memory", {"text": "Sam likes tea", "tags": ["food"]}, format="json"
+    )
 
-    assert response.status_code == 400
-    assert response.json()["detail"] == ARCHIVAL_NEEDS_EMBEDDING
-    assert not Archive.objects.for_actor(actor).exists()
+    assert response.status_code == 200, response.content
+    [passage] = response.json()
+    archive = Archive.objects.for_actor(actor).get(agents=agent)
+    assert (passage["text"], passage["tags"], passage["archive_id"]) == (
+        "Sam likes tea",
+        ["food"],
+        archive.id,
+    )
+    assert (passage["embedding"], passage["embedding_config"]) == (None, None)
+    assert (archive.embedding, archive.embedding_dim) == ("", None)
+    stored = Passage.objects.for_actor(actor).get(id=passage["id"])
+    assert (stored.embedding, stored.embedding_dim) == (None, None)
+    assert llm.requests("/v1/embeddings") == []
 
 
 def test_insert_of_blank_text_is_400(agent, client):
@@ -192,13 +203,34 @@ def test_a_bad_date_is_400(agent, client):
     assert response.json()["detail"].startswith("Invalid start_datetime 'last tuesday'")
 
 
-def test_search_without_an_embedding_model_is_400(actor, client):
+def test_without_an_embedding_model_search_is_a_text_match_of_every_word(actor, client, llm):
     agent = agent_create(actor=actor, name="NoEmbedding", include_base_tools=False)
+    tea = insert(client, agent, "Sam likes green TEA", tags=["food"])
+    insert(client, agent, "Sam hikes on Sundays", tags=["hobby"])
+    url = f"/v1/agents/{agent.id}/archival-memory/search"
 
-    response = client.get(f"/v1/agents/{agent.id}/archival-memory/search", {"query": "x"})
+    both_words = client.get(url, {"query": "tea sam"}).json()
+    one_word_missing = client.get(url, {"query": "tea coffee"}).json()
+    by_tag = client.get(url, {"query": "Sam", "tags": ["hobby"]}).json()
 
-    assert response.status_code == 400
-    assert response.json()["detail"] == ARCHIVAL_NEEDS_EMBEDDING
+    assert [r["id"] for r in both_words["results"]] == [tea["id"]]
+    assert both_words["results"][0]["content"] == "Sam likes green TEA"
+    assert one_word_missing == {"results": [], "count": 0}
+    assert [r["content"] for r in by_tag["results"]] == ["Sam hikes on Sundays"]
+    assert llm.requests("/v1/embeddings") == []
+
+
+def test_without_an_embedding_model_passages_are_listed_and_deleted(actor, client, llm):
+    agent = agent_create(actor=actor, name="NoEmbedding", include_base_tools=False)
+    first = insert(client, agent, "Sam likes tea")
+    second = insert(client, agent, "Sam hikes")
+
+    listed = client.get(f"/v1/agents/{agent.id}/archival-memory").json()
+    deleted = client.delete(f"/v1/agents/{agent.id}/archival-memory/{first['id']}")
+
+    assert [p["id"] for p in listed] == [first["id"], second["id"]]
+    assert deleted.status_code == 200
+    assert list(Passage.objects.for_actor(actor).values_list("id", flat=True)) == [second["id"]]
 
 
 def test_search_before_any_insert_is_empty(agent, client):

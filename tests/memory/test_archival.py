@@ -79,12 +79,11 @@ def test_the_default_archive_is_created_once_and_attached_to_the_agent(actor, ag
     assert [a.id for a in agent_archives(actor=actor, agent_id=agent.id)] == [first.id]
 
 
-def test_an_agent_without_an_embedding_handle_gets_no_archive(actor, agent):
-    with pytest.raises(EmbeddingModelMissing) as excinfo:
-        agent_archive(actor=actor, agent_id=agent.id, embedding_handle="")
+def test_an_agent_without_an_embedding_handle_gets_a_text_only_archive(actor, agent):
+    archive = agent_archive(actor=actor, agent_id=agent.id, embedding_handle="")
 
-    assert str(excinfo.value) == ARCHIVAL_NEEDS_EMBEDDING
-    assert Archive.objects.for_actor(actor).count() == 0
+    assert (archive.embedding, archive.embedding_dim) == ("", None)
+    assert list(archive.agents.values_list("id", flat=True)) == [agent.id]
 
 
 def test_another_organisations_agent_gets_no_archive(other_org_actor, agent):
@@ -114,7 +113,6 @@ def test_insert_embeds_all_texts_in_one_request_and_stores_tags(actor, archive, 
 @pytest.mark.parametrize(
     ("handle", "detail"),
     [
-        ("", ""),
         ("nowhere/model", " (Unknown provider 'nowhere' in handle 'nowhere/model': add a provider"),
     ],
 )

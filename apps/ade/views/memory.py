@@ -357,22 +357,26 @@ def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -
     if q:
         try:
             hits = (
-                archival.passage_search(
+                archival.archive_search(
                     actor=actor,
-                    archive_ids=archive_ids,
+                    archives=archive_list,
                     query=q,
-                    embedding_handle=archive_list[0].embedding or agent.embedding,
                     tags=[tag] if tag else None,
                     top_k=SEARCH_TOP_K,
                 )
-                if archive_ids
+                if archive_list
                 else []
             )
         except DomainError as exc:
             context["search_error"] = exc.message
             hits = []
         context["results"] = [
-            {"passage": passage, "similarity": round(100 * (1 - distance))} for passage, distance in hits
+            {
+                "passage": hit.passage,
+                # A text match (no embedding model) has no similarity to show.
+                "similarity": round(100 * hit.score) if hit.match == "vector" else None,
+            }
+            for hit in hits
         ]
         return context
     passages = archival.passage_list(actor=actor, archive_ids=archive_ids, tags=[tag] if tag else None)

@@ -1,7 +1,8 @@
-"""/v1/agents/{agent_id}/archival-memory: insert, list, semantic search and delete an agent's passages.
+"""/v1/agents/{agent_id}/archival-memory: insert, list, search and delete an agent's passages.
 
-Thin adapters over apps.memory.archival (the agent's archives, embedding, pgvector search); the agent is
-fetched first through the agents selector, so another organisation's agent is a 404 before anything runs.
+Thin adapters over apps.memory.archival (the agent's archives, embedding, pgvector search, or a text match
+for archives without an embedding model); the agent is fetched first through the agents selector, so
+another organisation's agent is a 404 before anything runs.
 """
 
 from __future__ import annotations
@@ -75,42 +76,36 @@ class PassageListCreateApi(OrgApiView):
 class PassageSearchApi(OrgApiView):
     @extend_schema(operation_id="search_archival_memory", responses=s.PassageSearchOut)
     def get(self, request: Request, agent_id: str) -> Response:
+        """Search the agent's archives: by meaning where an archive has an embedding model, by a text match
+        (every word of the query) where it has none, as Letta falls back to text search."""
         query = request.query_params
         data = s.PassageSearchIn(data={**query.dict(), "tags": query.getlist("tags")})
         data.is_valid(raise_exception=True)
         params = data.validated_data
         agent = agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)
-        if not agent.embedding.strip():
-            raise archival.EmbeddingModelMissing(archival.ARCHIVAL_NEEDS_EMBEDDING)
         zone = recall.agent_zone(agent.timezone)
         start = recall.parse_time_bound(
             params.get("start_datetime"), zone=zone, end=False, name="start_datetime"
         )
         end = recall.parse_time_bound(params.get("end_datetime"), zone=zone, end=True, name="end_datetime")
-        archives = list(_archives(self.actor, agent).values())
-        hits = (
-            archival.passage_search(
-                actor=self.actor,
-                archive_ids=[archive.id for archive in archives],
-                query=params["query"],
-                embedding_handle=archives[0].embedding or agent.embedding,
-                tags=params.get("tags"),
-                tag_match_mode=params["tag_match_mode"],
-                top_k=params.get("top_k") or archival.DEFAULT_TOP_K,
-                start=start,
-                end=end,
-            )
-            if archives
-            else []
+        hits = archival.archive_search(
+            actor=self.actor,
+            archives=list(_archives(self.actor, agent).values()),
+            query=params["query"],
+            tags=params.get("tags"),
+            tag_match_mode=params["tag_match_mode"],
+            top_k=params.get("top_k") or archival.DEFAULT_TOP_K,
+            start=start,
+            end=end,
         )
         results = [
             {
-                "id": passage.id,
-                "timestamp": passage.created_at.astimezone(zone).isoformat(timespec="seconds"),
-                "content": passage.text,
-                "tags": passage.tags,
+                "id": hit.passage.id,
+                "timestamp": hit.passage.created_at.astimezone(zone).isoformat(timespec="seconds"),
+                "content": hit.passage.text,
+                "tags": hit.passage.tags,
             }
-            for passage, _distance in hits
+            for hit in hits
         ]
         return Response(s.PassageSearchOut({"results": results, "count": len(results)}).data)
 
