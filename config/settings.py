@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "apps.memory",
     "apps.tools",
     "apps.agents",
+    "apps.identities",
     "apps.streams",
     "apps.api",
     "apps.ade",

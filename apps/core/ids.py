@@ -88,3 +88,7 @@ def new_run_id() -> str:
 
 def new_step_id() -> str:
     return new_id("step")
+
+
+def new_identity_id() -> str:
+    return new_id("identity")

@@ -9,6 +9,7 @@ from apps.accounts.models import Invitation, Membership
 from apps.accounts.services import api_key_create
 from apps.agents.models import AgentSecret, AgentTool, Conversation, Run, Step
 from apps.core.actor import Role
+from apps.identities.services import identity_create
 from apps.memory import services as memory_services
 from apps.memory.models import AgentBlock, ArchiveStats, ArchiveTag, Block, BlockHistory
 from apps.sandbox.models import SandboxConfig, SandboxEnvironmentVariable
@@ -51,6 +52,14 @@ def populated(actor, org, user):
     api_key_create(actor=actor, user=user, name="ci")
     Invitation.all_objects.create(
         organization=org, token_hash=Invitation.hash_token("token"), created_by=user
+    )
+    identity_create(
+        actor=actor,
+        identifier_key="user-42",
+        name="Sam",
+        identity_type="user",
+        agent_ids=[agent.id],
+        block_ids=[block.id],
     )
     return agent
 

@@ -220,7 +220,16 @@ class AgentStateOut(serializers.Serializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
-        return []
+        """The agent's identities, oldest first: looked up once for every agent being rendered (the list's,
+        or this one), then kept in the context."""
+        from apps.identities.selectors import identity_ids_by_agent
+
+        known: dict[str, list[str]] = self.context.setdefault("identity_ids", {})
+        if agent.id not in known:
+            batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
+            agents = list(batch) if batch is not None else [agent]
+            known.update(identity_ids_by_agent([a.id for a in agents] + [agent.id]))
+        return known[agent.id]
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_identities(self, agent: Agent) -> list[Any]:
