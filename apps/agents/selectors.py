@@ -18,7 +18,7 @@ from apps.agents.loop.events import NullSink
 from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.core.actor import Actor
-from apps.core.errors import NotFound
+from apps.core.errors import InvalidInput, NotFound
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import (
     DEFAULT_CONTEXT_WINDOW,
@@ -813,3 +813,53 @@ def run_list_with_usage(*, actor: Actor, run_ids: Iterable[str]) -> dict[str, Ru
         )
     )
     return {run.id: run for run in runs}
+
+
+# --- conversations: forks' shared messages, the compiled system message (issue 18) -------------------------
+
+
+def conversation_message_list(
+    *, actor: Actor, conversation: Conversation, include_system: bool = False
+) -> QuerySet[Message]:
+    """The conversation's stored messages (recall, not only the context window), with those it shares
+    with the thread it was forked from while they are in its context (a fork shares the source's messages
+    instead of copying them, so they are stored under the source)."""
+    mine = Q(conversation_id=conversation.id)
+    if conversation.message_ids:
+        mine |= Q(id__in=conversation.message_ids)
+    qs = Message.objects.for_actor(actor).filter(mine, agent_id=conversation.agent_id)
+    return _visible_messages(qs, include_system=include_system)
+
+
+def thread_system_message(*, actor: Actor, agent_id: str, conversation_id: str | None = None) -> str:
+    """The system message the agent's next LLM call in this thread would start with, compiled now from its
+    current memory (the loop compiles it afresh for every call, so nothing stored can be stale). Raises
+    AgentNotFound, NotFound (a conversation of another agent), InvalidInput when the agent's model cannot
+    be used (the prompt depends on its provider)."""
+    from apps.agents.loop import runner  # above the selectors, as in agent_context_overview
+
+    _require_agent(actor=actor, agent_id=agent_id)
+    if conversation_id is not None:
+        conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent_id)
+    probe = Run(
+        organization_id=actor.organization_id,
+        agent_id=agent_id,
+        conversation_id=conversation_id,
+        request_config={},
+    )
+    try:
+        state = runner._load_state(probe, NullSink(), keep_messages=False)
+    except runner.StopRun as exc:
+        raise InvalidInput(exc.error or exc.reason) from exc
+    return runner.system_sections(state).render()
+
+
+def thread_run_list(
+    *, actor: Actor, agent_id: str, conversation_id: str | None, active: bool = False
+) -> QuerySet[Run]:
+    """The runs of one agent thread (a conversation, or the default thread when `conversation_id` is
+    None), newest first; `active`: only those not finished yet."""
+    qs = Run.objects.for_actor(actor).filter(agent_id=agent_id, conversation_id=conversation_id)
+    if active:
+        qs = qs.filter(status__in=ACTIVE_RUN_STATUSES)
+    return qs.order_by("-created_at")

@@ -18,7 +18,16 @@ from apps.accounts.models import Organization
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of, to_letta_messages
 from apps.agents.loop.events import EventSink
-from apps.agents.loop.runner import RunDeferred, TurnResult, Usage, execute_run, execute_run_streamed
+from apps.agents.loop.messages import summary_from_message_text
+from apps.agents.loop.runner import (
+    Compaction,
+    RunDeferred,
+    TurnResult,
+    Usage,
+    compact_thread,
+    execute_run,
+    execute_run_streamed,
+)
 from apps.agents.models import (
     Agent,
     AgentSecret,
@@ -33,20 +42,24 @@ from apps.agents.models import (
 from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
 from apps.agents.recovery import enqueue_run
 from apps.agents.selectors import (
+    ACTIVE_RUN_STATUSES,
     TERMINAL_RUN_STATUSES,
     agent_block_get_by_label,
     agent_get,
     run_produced_messages,
     run_stop_reason,
     run_usage_event,
+    thread_system_message,
 )
 from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.db import insert_all, release_pooled_connection, row_reader
-from apps.core.errors import InvalidInput, NotFound
+from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
+from apps.llm import client as llm_client
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
+from apps.llm.retry import CallBounds
 from apps.memory import archival
 from apps.memory import services as memory_services
 from apps.memory.errors import BlockNotFound, DuplicateBlockLabel
@@ -393,18 +406,19 @@ def _step_budget(max_steps: int | None, org_limit: int | None) -> int:
 
 
 def _validate_approvals(pending: Message, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    expected = {call["id"] for call in pending.tool_calls or []}
+    """One decision per pending call, by tool-call id (or, for a single call, the request's message id, as
+    Letta accepts). Raises InvalidInput with Letta's texts."""
+    expected = [call["id"] for call in pending.tool_calls or []]
     normalized = []
     for item in approvals:
         call_id = item.get("tool_call_id") or ""
         if call_id == pending.id and len(expected) == 1:  # Letta accepts the message id for a single call
-            call_id = next(iter(expected))
+            call_id = expected[0]
         normalized.append({**item, "tool_call_id": call_id})
     given = [a["tool_call_id"] for a in normalized]
     if sorted(given) != sorted(expected):
-        raise InvalidInput(
-            f"Invalid tool call IDs: expected a decision for each of {sorted(expected)}, got {given}"
-        )
+        received = [item.get("tool_call_id") for item in approvals]
+        raise InvalidInput(f"Invalid tool call IDs. Expected '{expected}', but received '{received}'.")
     for item in normalized:
         kind = item.get("type", "approval")
         if kind == "approval" and not isinstance(item.get("approve"), bool):
@@ -466,7 +480,10 @@ def run_create(
             pending_request_id=pending.id,
         )
     if approvals is not None and pending is None:
-        raise NoPendingApproval("No tool call is awaiting approval")
+        raise NoPendingApproval(
+            "Cannot process approval response: No tool call is currently awaiting approval. "
+            "Please send a regular message to interact with the agent."
+        )
     if approvals and any(item.get("type", "approval") == "approval" for item in approvals):
         # Approving runs the agent's tool with its secrets: the decision is its creator's (or an admin's).
         # Returns of client-side tools (type "tool") are the caller's own.
@@ -1135,3 +1152,303 @@ def agent_detach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Age
     require_agent_permission(actor, agent)
     archival.archive_detach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
     return agent
+
+
+# --- conversations: update, delete, fork, compact; recompile and generate (issue 18) ----------------------
+
+CONVERSATION_FIELDS_NOT_STORED = ("model", "model_settings", "last_message_at")
+"""Fields of Letta's UpdateConversation this server keeps no column for: a value is refused rather than
+dropped unseen (a conversation always runs with its agent's model). Null changes nothing, as in Letta."""
+
+
+def _agent_row(*, actor: Actor, agent_id: str) -> Agent:
+    """The agent without its prefetched relations. Raises AgentNotFound (also another organisation's)."""
+    agent = Agent.objects.for_actor(actor).filter(id=agent_id).first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    return agent
+
+
+def require_conversation_permission(actor: Actor, conversation: Conversation, agent: Agent) -> None:
+    """The role matrix for a conversation: its creator, its agent's creator, owners and admins change it.
+    Raises PermissionDenied (403 with the reason)."""
+    permissions.require(
+        actor,
+        Action.CONVERSATION_WRITE,
+        creator_id=(conversation.created_by_id, agent.created_by_id),
+        subject=f"conversation '{conversation.id}'",
+    )
+
+
+def _writable_conversation(*, actor: Actor, conversation_id: str) -> Conversation:
+    """The conversation, locked FOR UPDATE, once the actor may change it (call inside a transaction).
+    Raises NotFound (also another organisation's), PermissionDenied."""
+    conversation = (
+        Conversation.objects.for_actor(actor)
+        .select_for_update(of=("self",))
+        .select_related("agent")
+        .filter(id=conversation_id)
+        .first()
+    )
+    if conversation is None:
+        raise NotFound(f"Conversation with id '{conversation_id}' not found")
+    require_conversation_permission(actor, conversation, conversation.agent)
+    return conversation
+
+
+@transaction.atomic
+def conversation_update(
+    *, actor: Actor, conversation_id: str, summary: str | None = UNSET, **not_stored: Any
+) -> Conversation:
+    """Rename the conversation (its `summary`; None keeps it, as in Letta). `not_stored`: other fields of
+    Letta's UpdateConversation (CONVERSATION_FIELDS_NOT_STORED), refused unless None. Raises NotFound,
+    PermissionDenied, InvalidInput; nothing is written when it raises."""
+    conversation = _writable_conversation(actor=actor, conversation_id=conversation_id)
+    refused = sorted(name for name, value in not_stored.items() if value is not None)
+    if refused:
+        raise InvalidInput(
+            f"Conversations here run with their agent's model and store no {', '.join(refused)}: "
+            "leave it out (or null), or change the agent"
+        )
+    if summary is not UNSET and summary is not None:
+        conversation.summary = summary
+        conversation.save(update_fields=["summary", "updated_at"])
+    return conversation
+
+
+@transaction.atomic
+def conversation_delete(*, actor: Actor, conversation_id: str) -> None:
+    """Delete the conversation with its runs and the messages only it has: a message that another
+    conversation (a fork) still has in context is handed over to it. Raises NotFound, PermissionDenied,
+    Conflict (a run of the conversation is queued or executing: cancel it first)."""
+    conversation = _writable_conversation(actor=actor, conversation_id=conversation_id)
+    runs = Run.objects.for_actor(actor).filter(conversation=conversation)
+    if runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        raise Conflict(
+            f"Conversation '{conversation.id}' has a run in progress: cancel it or wait for it to finish "
+            "before deleting the conversation",
+            code="CONVERSATION_BUSY",
+        )
+    _hand_shared_messages_over(actor=actor, conversation=conversation)
+    conversation.delete()
+
+
+def _hand_shared_messages_over(*, actor: Actor, conversation: Conversation) -> None:
+    """Move the conversation's messages that other conversations of its agent have in context (a fork
+    shares its source's messages) to the oldest such conversation, so deleting this one keeps them.
+
+    Their run link is cleared (that run goes with this conversation). The stored-message counts are
+    adjusted here: the triggers of migration 0005 count inserts and deletes only. One statement."""
+    messages, conversations = Message._meta.db_table, Conversation._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH shared AS (
+                SELECT DISTINCT ON (held.message_id) held.message_id, held.heir
+                FROM (
+                    SELECT c.id AS heir, c.created_at, unnest(c.message_ids) AS message_id
+                    FROM {conversations} AS c
+                    WHERE c.agent_id = %(agent)s AND c.organization_id = %(org)s AND c.id <> %(id)s
+                ) AS held
+                JOIN {messages} AS m ON m.id = held.message_id AND m.conversation_id = %(id)s
+                ORDER BY held.message_id, held.created_at, held.heir
+            ), moved AS (
+                UPDATE {messages} AS m SET conversation_id = shared.heir, run_id = NULL
+                FROM shared WHERE m.id = shared.message_id
+                RETURNING shared.heir
+            )
+            UPDATE {conversations} AS c SET message_count = c.message_count + counted.n
+            FROM (SELECT heir, count(*) AS n FROM moved GROUP BY heir) AS counted
+            WHERE c.id = counted.heir
+            """,
+            {"agent": conversation.agent_id, "org": actor.organization_id, "id": conversation.id},
+        )
+
+
+@transaction.atomic
+def conversation_fork(*, actor: Actor, agent_id: str, conversation_id: str | None) -> Conversation:
+    """A new conversation of the agent whose context is the source thread's (a conversation, or the
+    agent's default thread when `conversation_id` is None): the same in-context messages, shared rather
+    than copied, minus system messages (the system prompt and the loop's alerts; the fork's system message
+    is compiled afresh for each call, as every thread's). Raises AgentNotFound, NotFound (a conversation of
+    another agent), PermissionDenied (CONVERSATION_WRITE on the source)."""
+    agent = _agent_row(actor=actor, agent_id=agent_id)
+    if conversation_id is None:
+        source_ids = agent.message_ids
+        require_agent_permission(actor, agent, Action.CONVERSATION_WRITE)
+    else:
+        source = Conversation.objects.for_actor(actor).filter(id=conversation_id, agent=agent).first()
+        if source is None:
+            raise NotFound(f"Conversation with id '{conversation_id}' not found")
+        require_conversation_permission(actor, source, agent)
+        source_ids = source.message_ids
+    system = set(
+        Message.objects.for_actor(actor)
+        .filter(id__in=source_ids, role=Message.Role.SYSTEM)
+        .values_list("id", flat=True)
+    )
+    return Conversation.objects.for_actor(actor).create(
+        agent=agent,
+        message_ids=[message_id for message_id in source_ids if message_id not in system],
+        created_by_id=actor.user_id,
+    )
+
+
+def _compaction_choice(
+    agent_settings: dict[str, Any] | None, requested: dict[str, Any] | None
+) -> tuple[str, str | None]:
+    """(mode, prompt) as Letta merges them: the request's fields over the agent's compaction_settings; a
+    mode the request changes without a prompt of its own takes that mode's default prompt (None here)."""
+    agent_settings, requested = agent_settings or {}, requested or {}
+    merged = {**agent_settings, **requested}
+    mode = merged.get("mode") or "sliding_window"
+    prompt = merged.get("prompt")
+    if "mode" in requested and "prompt" not in requested and requested["mode"] != agent_settings.get("mode"):
+        prompt = None
+    return str(mode), str(prompt) if prompt else None
+
+
+def conversation_compact(
+    *,
+    actor: Actor,
+    agent_id: str,
+    conversation_id: str | None,
+    compaction_settings: dict[str, Any] | None = None,
+) -> Compaction:
+    """Summarise a thread's in-context messages now (apps.agents.loop.runner.compact_thread): a
+    conversation (CONVERSATION_WRITE), or the agent's default thread when `conversation_id` is None
+    (compacting the agent's messages: AGENT_CONFIGURE). Raises AgentNotFound, NotFound, PermissionDenied,
+    InvalidInput (nothing to summarise, or it would not reduce the count), Conflict (a run executes),
+    LLM errors."""
+    agent = _agent_row(actor=actor, agent_id=agent_id)
+    if conversation_id is None:
+        require_agent_permission(actor, agent)
+    else:
+        conversation = Conversation.objects.for_actor(actor).filter(id=conversation_id, agent=agent).first()
+        if conversation is None:
+            raise NotFound(f"Conversation with id '{conversation_id}' not found")
+        require_conversation_permission(actor, conversation, agent)
+    mode, prompt = _compaction_choice(agent.compaction_settings, compaction_settings)
+    return compact_thread(
+        organization_id=actor.organization_id,
+        agent_id=agent.id,
+        conversation_id=conversation_id,
+        mode=mode,
+        prompt=prompt,
+    )
+
+
+def agent_summarize(
+    *, actor: Actor, agent_id: str, compaction_settings: dict[str, Any] | None = None
+) -> Compaction:
+    """Compact the agent's default thread (POST /v1/agents/{id}/summarize); when its context holds nothing
+    but system messages and summaries, nothing is done and the current summary is returned, as in Letta.
+    Raises AgentNotFound, PermissionDenied (AGENT_CONFIGURE), InvalidInput, Conflict, LLM errors."""
+    agent = _agent_row(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    found = {
+        m.id: m
+        for m in Message.objects.for_actor(actor).filter(id__in=agent.message_ids).only("id", "role", "text")
+    }
+    in_context = [found[message_id] for message_id in agent.message_ids if message_id in found]
+    quiet = (Message.Role.SYSTEM, Message.Role.SUMMARY)
+    if all(m.role in quiet for m in in_context):
+        summaries = [m for m in in_context if m.role == Message.Role.SUMMARY]
+        summary = summary_from_message_text(summaries[0].text) if summaries else ""
+        return Compaction(summary=summary, messages_before=len(in_context), messages_after=len(in_context))
+    return conversation_compact(
+        actor=actor, agent_id=agent.id, conversation_id=None, compaction_settings=compaction_settings
+    )
+
+
+def thread_recompile(*, actor: Actor, agent_id: str, conversation_id: str | None = None) -> str:
+    """The thread's system message compiled now from current memory (Letta's recompile). The loop compiles
+    it afresh for every LLM call and stores none, so nothing is written, dry run or not. Raises
+    AgentNotFound, NotFound, PermissionDenied (AGENT_USE), InvalidInput (the agent's model is unusable)."""
+    agent = _agent_row(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent, Action.AGENT_USE)
+    return thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
+
+
+GENERATE_DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+STRUCTURED_OUTPUT_TOOL = "structured_output"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion of POST /v1/agents/{id}/generate; `model` is the model's name (not its handle)."""
+
+    content: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def agent_generate(
+    *,
+    actor: Actor,
+    agent_id: str,
+    prompt: str,
+    system_prompt: str | None = None,
+    override_model: str | None = None,
+    response_schema: dict[str, Any] | None = None,
+) -> Generation:
+    """One completion of `prompt` by the agent's model (or `override_model`, a handle the organisation can
+    use) with `system_prompt` or a minimal one: no memory, no tools, nothing stored or changed. With a
+    `response_schema` the model is made to answer through one tool call whose arguments are the content.
+    The call is bounded by LLM_CALL_DEADLINE, transient failures retried. Raises AgentNotFound,
+    PermissionDenied (AGENT_USE), InvalidInput (a blank prompt; the agent's model unusable), NotFound (an
+    override_model the organisation cannot use), LLM errors."""
+    if not prompt.strip():
+        raise InvalidInput("prompt cannot be empty or whitespace-only")
+    agent = _agent_row(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent, Action.AGENT_USE)
+    try:
+        target = resolve_model(
+            override_model or agent.model,
+            organization_id=actor.organization_id,
+            context_window_limit=None if override_model else agent.context_window_limit,
+        )
+    except UnknownModelHandle as exc:
+        if override_model:
+            raise NotFound(f"Model '{override_model}' not found or not accessible") from exc
+        raise
+    tools = tool_choice = None
+    if response_schema is not None:
+        properties = response_schema.get("properties") or {}
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": STRUCTURED_OUTPUT_TOOL,
+                    "description": "Returns a structured response matching the requested schema.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties,
+                        "required": response_schema.get("required", list(properties)),
+                    },
+                },
+            }
+        ]
+        tool_choice = {"type": "function", "function": {"name": STRUCTURED_OUTPUT_TOOL}}
+    request = llm_client.ChatRequest(
+        messages=[
+            {"role": "system", "content": system_prompt or GENERATE_DEFAULT_SYSTEM_PROMPT},
+            {"role": "user", "content": prompt},
+        ],
+        tools=tools,
+        tool_choice=tool_choice,
+        temperature=None if override_model else agent.temperature,
+        max_tokens=None if override_model else agent.max_tokens,
+    )
+    response = llm_client.complete(target, request, bounds=CallBounds.from_settings())
+    if response_schema is not None and response.tool_calls:
+        content = response.tool_calls[0].arguments
+    else:
+        content = response.content or ""
+    return Generation(
+        content=content,
+        model=target.litellm_model.split("/", 1)[-1],
+        prompt_tokens=response.prompt_tokens,
+        completion_tokens=response.completion_tokens,
+    )

@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.api.views import (
     agent_file,
+    agent_ops,
     agents,
     archival,
     archives,
@@ -37,6 +38,7 @@ urlpatterns = [
     *models.urlpatterns,
     *message_search.urlpatterns,
     *messages.urlpatterns,
+    *agent_ops.urlpatterns,
     *runs.urlpatterns,
     *steps.urlpatterns,
     *conversations.urlpatterns,

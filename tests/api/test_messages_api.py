@@ -450,7 +450,9 @@ def test_an_approval_for_the_wrong_call_is_a_400(client, actor, llm, celery_work
     )
 
     assert response.status_code == 400
-    assert "Invalid tool call IDs" in response.json()["detail"]
+    assert response.json()["detail"] == (
+        "Invalid tool call IDs. Expected '['call_ins']', but received '['call_nope']'."
+    )
     assert Run.objects.for_actor(actor).count() == 1
 
 
@@ -465,6 +467,10 @@ def test_an_approval_with_nothing_pending_is_a_400(client, actor):
     )
 
     assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "Cannot process approval response: No tool call is currently awaiting approval. "
+        "Please send a regular message to interact with the agent."
+    )
     assert not Run.objects.for_actor(actor).exists()
 
 

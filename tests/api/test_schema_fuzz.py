@@ -34,6 +34,7 @@ EMBEDDING = "openai/text-embedding-small-384"  # the scripted server answers 384
 
 # Starting an agent run needs an LLM and a worker; running a tool spawns a sandbox process.
 SKIPPED = [
+    "POST /v1/agents/{agent_id}/generate/",
     "POST /v1/agents/{agent_id}/messages/",
     "POST /v1/agents/{agent_id}/messages/async/",
     "POST /v1/agents/{agent_id}/messages/stream/",

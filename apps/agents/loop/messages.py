@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["SYSTEM_NOTE_PREFIX", "memory_pressure_warning", "summary_message_text"]
+__all__ = [
+    "SYSTEM_NOTE_PREFIX",
+    "memory_pressure_warning",
+    "summary_from_message_text",
+    "summary_message_text",
+]
 
 SYSTEM_NOTE_PREFIX = "[Automated system message, not shown to the user]"
+SUMMARY_HEADING = "Summary of what was removed:\n"
 
 
 def summary_message_text(summary: str, evicted_count: int, total_count: int) -> str:
@@ -29,8 +35,14 @@ def summary_message_text(summary: str, evicted_count: int, total_count: int) -> 
         f"{SYSTEM_NOTE_PREFIX} {_count(evicted_count, 'earlier message')} (of {total_count} in this "
         f"conversation) {were} removed from your context window to make room. {they} still stored in "
         "recall memory, where your tools can search.\n"
-        f"Summary of what was removed:\n{summary.strip()}"
+        f"{SUMMARY_HEADING}{summary.strip()}"
     )
+
+
+def summary_from_message_text(text: str) -> str:
+    """The model's summary inside a text `summary_message_text` made (the whole text if it is not one)."""
+    _, heading, summary = text.partition(SUMMARY_HEADING)
+    return summary if heading else text
 
 
 def memory_pressure_warning(used_tokens: int, context_window: int, *, tool_names: Sequence[str] = ()) -> str:

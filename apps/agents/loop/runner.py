@@ -50,6 +50,7 @@ from apps.agents.recovery import enqueue_run, fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.core.actor import Actor
 from apps.core.db import fetch_instances, insert_all, row_reader
+from apps.core.errors import Conflict, InvalidInput
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
 from apps.llm.errors import (
@@ -566,58 +567,15 @@ def _add_alert(state: LoopState, name: str, text: str) -> None:
 
 def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None = None) -> None:
     """Summarise the oldest in-context messages into one summary message; they stay in recall."""
-    if message_tokens is None or len(message_tokens) != len(state.in_context):
-        message_tokens = _message_tokens(state)
-    infos = [budgeting.MessageInfo(id="system", role="system", tokens=0)] + [
-        budgeting.MessageInfo(
-            id=m.id,
-            role=_budget_role(m),
-            tokens=tokens,
-            tool_call_ids=tuple(c["id"] for c in (m.tool_calls or [])),
-            tool_call_id=m.tool_call_id or None,
-        )
-        for m, tokens in zip(state.in_context, message_tokens, strict=True)
-    ]
-    plan = budgeting.ContextBudget(state.context_window).choose_messages_to_compact(infos)
-    evict = [m for m in state.in_context if m.id in set(plan.summarize_ids)]
+    evict = _messages_to_compact(state, message_tokens)
     if not evict:
         raise StopRun(StopReason.ERROR, "Context window is full and nothing can be summarised.")
-    by_id = {m.id: m for m in state.in_context}
-    chunks = budgeting.chunk_for_summary(
-        [i for i in infos if i.id in set(plan.summarize_ids)], max(512, state.context_window // 2)
-    )
-    summary = ""
-    for chunk in chunks:
-        transcript = _transcript([by_id[i.id] for i in chunk])
-        if summary:
-            transcript = f"Earlier summary:\n{summary}\n\nConversation:\n{transcript}"
-        response = _call_llm(
-            state,
-            llm.ChatRequest(
-                messages=[
-                    {"role": "system", "content": SUMMARIZER_PROMPT},
-                    {"role": "user", "content": transcript},
-                ]
-            ),
-            step_id=None,
-            stream=False,
-        )
-        state.usage.prompt_tokens += response.prompt_tokens
-        state.usage.completion_tokens += response.completion_tokens
-        summary = (response.content or "").strip()
     total = len(state.in_context)
+    summary = _summarize(state, evict)
     summary_message = _new_message(
         state, Message.Role.SUMMARY, text=summary_message_text(summary, len(evict), total)
     )
-    kept = [m for m in state.in_context if m.id not in set(plan.summarize_ids)]
-    with transaction.atomic():
-        Message.all_objects.bulk_create([summary_message])
-        state.in_context = [summary_message, *kept]
-        _save_in_context(state)
-    state.warned = False
-    state.stats = _memory_stats(
-        state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
-    )
+    _replace_with_summary(state, evict, summary_message)
     state.sink.emit(
         {
             **to_letta_messages(summary_message)[0],
@@ -629,6 +587,149 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
             },
         }
     )
+
+
+def _message_infos(state: LoopState, message_tokens: list[int] | None = None) -> list[budgeting.MessageInfo]:
+    """The in-context messages as the budget sees them (their tokens counted unless given)."""
+    if message_tokens is None or len(message_tokens) != len(state.in_context):
+        message_tokens = _message_tokens(state)
+    return [
+        budgeting.MessageInfo(
+            id=m.id,
+            role=_budget_role(m),
+            tokens=tokens,
+            tool_call_ids=tuple(c["id"] for c in (m.tool_calls or [])),
+            tool_call_id=m.tool_call_id or None,
+        )
+        for m, tokens in zip(state.in_context, message_tokens, strict=True)
+    ]
+
+
+def _messages_to_compact(state: LoopState, message_tokens: list[int] | None = None) -> list[Message]:
+    """The oldest in-context messages: all but the recent tail the budget's sliding window keeps (which
+    never splits a tool call from its results, nor drops a pending approval request)."""
+    infos = [
+        budgeting.MessageInfo(id="system", role="system", tokens=0),
+        *_message_infos(state, message_tokens),
+    ]
+    plan = budgeting.ContextBudget(state.context_window).choose_messages_to_compact(infos)
+    evicted = set(plan.summarize_ids)
+    return [m for m in state.in_context if m.id in evicted]
+
+
+def _summarize(state: LoopState, evict: list[Message], *, prompt: str = SUMMARIZER_PROMPT) -> str:
+    """The model's summary of `evict`, asked for in pieces that fit half the window (each piece's summary
+    carried into the next). Raises LLM errors; StopRun when the run is cancelled meanwhile."""
+    wanted = {m.id for m in evict}
+    by_id = {m.id: m for m in evict}
+    chunks = budgeting.chunk_for_summary(
+        [i for i in _message_infos(state) if i.id in wanted], max(512, state.context_window // 2)
+    )
+    summary = ""
+    for chunk in chunks:
+        transcript = _transcript([by_id[i.id] for i in chunk])
+        if summary:
+            transcript = f"Earlier summary:\n{summary}\n\nConversation:\n{transcript}"
+        response = _call_llm(
+            state,
+            llm.ChatRequest(
+                messages=[{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]
+            ),
+            step_id=None,
+            stream=False,
+        )
+        state.usage.prompt_tokens += response.prompt_tokens
+        state.usage.completion_tokens += response.completion_tokens
+        summary = (response.content or "").strip()
+    return summary
+
+
+def _replace_with_summary(state: LoopState, evict: list[Message], summary_message: Message) -> None:
+    """Store the summary and put it in place of the evicted messages at the head of the context."""
+    evicted = {m.id for m in evict}
+    kept = [m for m in state.in_context if m.id not in evicted]
+    with transaction.atomic():
+        Message.all_objects.bulk_create([summary_message])
+        state.in_context = [summary_message, *kept]
+        _save_in_context(state)
+    state.warned = False
+    state.stats = _memory_stats(
+        state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
+    )
+
+
+COMPACT_ALL_MODES = frozenset({"all", "self_compact_all"})
+"""Letta's compaction modes that summarise the whole context; the others (`sliding_window`,
+`self_compact_sliding_window`) keep the recent tail, as compaction within a run does."""
+NOT_REDUCED = (
+    "Summarization failed to reduce the number of messages. You may not have enough messages to compact "
+    "or need to use a different CompactionSettings (e.g. using `all` mode)."
+)
+NO_IN_CONTEXT_MESSAGES = "No in-context messages found for this conversation."
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """What a compaction outside a run did: the model's summary, and the in-context messages before and after."""
+
+    summary: str
+    messages_before: int
+    messages_after: int
+
+
+def compact_thread(
+    *,
+    organization_id: str,
+    agent_id: str,
+    conversation_id: str | None,
+    mode: str = "sliding_window",
+    prompt: str | None = None,
+) -> Compaction:
+    """Summarise an agent thread's in-context messages now, outside any run (Letta's POST .../summarize and
+    .../compact): `all` modes summarise every message but a pending approval request, the others the
+    oldest ones, as compaction within a run does. The summary replaces them; they stay in recall.
+
+    Holds the thread's lock (apps.agents.locks) throughout, so no run of it executes meanwhile (a worker
+    defers the run until the lock is free); no database lock is held across the LLM call. The caller
+    checks permissions. Raises Conflict (code CONVERSATION_BUSY) while a run executes, InvalidInput when
+    there is nothing to summarise or it would not reduce the count, or the agent's model cannot be used,
+    and LLM errors of the summariser.
+    """
+    with conversation_lock(agent_id, conversation_id) as acquired:
+        if not acquired:
+            raise Conflict(
+                "Cannot compact: another request is currently being processed for this conversation. "
+                "Please wait for the current request to complete.",
+                code="CONVERSATION_BUSY",
+            )
+        probe = Run(
+            organization_id=organization_id,
+            agent_id=agent_id,
+            conversation_id=conversation_id,
+            request_config={},
+        )
+        try:
+            state = _load_state(probe, NullSink(), keep_messages=False)
+        except StopRun as exc:
+            raise InvalidInput(exc.error or exc.reason) from exc
+        before = len(state.in_context)
+        if not before:
+            raise InvalidInput(NO_IN_CONTEXT_MESSAGES)
+        if mode in COMPACT_ALL_MODES:
+            last = state.in_context[-1]
+            pending = last.role == Message.Role.APPROVAL and bool(last.tool_calls)
+            evict = state.in_context[:-1] if pending else list(state.in_context)
+        else:
+            evict = _messages_to_compact(state)
+        if len(evict) < 2:  # the summary takes a place of its own: one message would not reduce the count
+            raise InvalidInput(NOT_REDUCED)
+        summary = _summarize(state, evict, prompt=prompt or SUMMARIZER_PROMPT)
+        summary_message = _new_message(
+            state, Message.Role.SUMMARY, text=summary_message_text(summary, len(evict), before)
+        )
+        summary_message.run = None  # made by no run (the probe is not stored)
+        _replace_with_summary(state, evict, summary_message)
+        return Compaction(summary=summary, messages_before=before, messages_after=len(state.in_context))
 
 
 _TOKEN_CACHE: dict[tuple[str, str, Any], int] = {}

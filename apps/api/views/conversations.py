@@ -1,7 +1,22 @@
 """/v1/conversations: threads of an agent with their own messages (letta_api.md 3.9).
 
-`conversation_id="default"` with an `agent_id` addresses the agent's default thread. Sending a message
-answers SSE unless the body says `streaming: false` (the SDK always parses this endpoint as a stream).
+Agent-direct mode, on the routes where Letta accepts it (messages, stream, cancel, fork, compact,
+recompile): `conversation_id="default"` with an `agent_id`, or the agent's id itself as the conversation
+id, addresses the agent's default thread. Retrieve, update and delete take conversation ids only.
+
+Decisions a client can observe:
+- Sending a message answers SSE unless the body says `streaming: false` (the SDK always parses this
+  endpoint as a stream).
+- A conversation's messages are listed newest first by default (`order=desc`), oldest first with
+  `order=asc`, as Letta lists conversations; the default thread keeps the agent list's order (newest
+  page, oldest first within it). A fork lists the messages it shares with its source while they are in
+  its context.
+- A fork shares the source's in-context messages (the same ids), without its system messages; deleting
+  the source hands the shared messages over to the fork. Deleting a conversation with a run in progress
+  is a 409.
+- Stream retrieve follows the thread's active run, which must be a background one (400 otherwise, and
+  400 when none is active); with `run_id` or `otid` it follows that run, finished or not, from
+  `starting_after`.
 """
 
 from __future__ import annotations
@@ -20,21 +35,27 @@ from apps.agents import services as agent_services
 from apps.agents.models import Run
 from apps.api import throttles
 from apps.api.base import OrgApiView
+from apps.api.serializers import conversations as cs
 from apps.api.serializers import messages as s
 from apps.api.sse import StreamOptions, run_sse, sse_response
+from apps.api.views.agent_ops import llm_error_response
 from apps.api.views.messages import (
     LIST_PARAMETERS,
     LenientContentNegotiation,
     MessageSendApiView,
     message_list_response,
+    page_params,
+    render_messages,
 )
 from apps.api.views.runs import run_page_params
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.pagination import paginate
+from apps.llm.errors import LLMError
 
 CONVERSATIONS_DEFAULT_LIMIT = 50
 DEFAULT_CONVERSATION = "default"
+AGENT_ID_PREFIX = "agent-"
 CONVERSATION = r"(?P<conversation_id>[^/]+)"
 
 
@@ -47,12 +68,16 @@ class Thread:
 
 
 def resolve_thread(*, actor: Actor, conversation_id: str, agent_id: str | None) -> Thread:
-    """Raises NotFound (unknown, other organisation's, or another agent's conversation), InvalidInput."""
+    """A conversation id, "default" with an agent id, or an agent id (Letta's deprecated agent-direct form).
+    Raises NotFound (unknown, other organisation's, or another agent's conversation), InvalidInput."""
     if conversation_id == DEFAULT_CONVERSATION:
         if not agent_id:
             raise InvalidInput("agent_id is required with conversation_id 'default'")
         agent_selectors.agent_require(actor=actor, agent_id=agent_id)
         return Thread(agent_id=agent_id, conversation_id=None)
+    if conversation_id.startswith(AGENT_ID_PREFIX):
+        agent_selectors.agent_require(actor=actor, agent_id=conversation_id)
+        return Thread(agent_id=conversation_id, conversation_id=None)
     conversation = agent_selectors.conversation_get(
         actor=actor, conversation_id=conversation_id, agent_id=agent_id or None
     )
@@ -99,11 +124,27 @@ class ConversationListCreateApi(OrgApiView):
         return Response(s.ConversationOut(conversation).data)
 
 
-class ConversationRetrieveApi(OrgApiView):
+class ConversationDetailApi(OrgApiView):
     @extend_schema(operation_id="retrieve_conversation", responses=s.ConversationOut)
     def get(self, request: Request, conversation_id: str) -> Response:
         conversation = agent_selectors.conversation_get(actor=self.actor, conversation_id=conversation_id)
         return Response(s.ConversationOut(conversation).data)
+
+    @extend_schema(
+        operation_id="update_conversation", request=cs.ConversationUpdateIn, responses=s.ConversationOut
+    )
+    def patch(self, request: Request, conversation_id: str) -> Response:
+        data = cs.ConversationUpdateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        conversation = agent_services.conversation_update(
+            actor=self.actor, conversation_id=conversation_id, **data.validated_data
+        )
+        return Response(s.ConversationOut(conversation).data)
+
+    @extend_schema(operation_id="delete_conversation", responses={200: None})
+    def delete(self, request: Request, conversation_id: str) -> HttpResponse:
+        agent_services.conversation_delete(actor=self.actor, conversation_id=conversation_id)
+        return HttpResponse(b"null", content_type="application/json")  # Letta answers JSON null
 
 
 class ConversationMessagesApi(MessageSendApiView):
@@ -116,10 +157,20 @@ class ConversationMessagesApi(MessageSendApiView):
         thread = resolve_thread(
             actor=self.actor, conversation_id=conversation_id, agent_id=request.query_params.get("agent_id")
         )
-        qs = agent_selectors.agent_message_list(
-            actor=self.actor, agent_id=thread.agent_id, conversation_id=thread.conversation_id
+        if thread.conversation_id is None:  # the default thread lists as the agent's messages do
+            qs = agent_selectors.agent_message_list(actor=self.actor, agent_id=thread.agent_id)
+            return message_list_response(qs, request, actor=self.actor)
+        conversation = agent_selectors.conversation_get(
+            actor=self.actor, conversation_id=thread.conversation_id
         )
-        return message_list_response(qs, request, actor=self.actor)
+        qs = agent_selectors.conversation_message_list(actor=self.actor, conversation=conversation)
+        page = page_params(request)
+        messages = agent_selectors.message_page(
+            qs, actor=self.actor, before=page.before, after=page.after, limit=page.limit, order=page.order
+        )
+        if page.order == "desc":
+            messages.reverse()  # Letta lists a conversation newest first
+        return Response(render_messages(messages, request))
 
     @extend_schema(operation_id="send_conversation_message", request=s.LettaRequestIn, responses={200: str})
     def post(self, request: Request, conversation_id: str) -> HttpResponse:
@@ -139,48 +190,55 @@ class ConversationMessagesApi(MessageSendApiView):
 
 
 class ConversationStreamApi(OrgApiView):
-    """Attach to the conversation's current run (or its latest), from `starting_after`."""
+    """Follow the thread's active background run, or the run named by `run_id` or `otid` (finished or
+    not), from `starting_after`."""
 
     content_negotiation_class = LenientContentNegotiation
 
     @extend_schema(operation_id="retrieve_conversation_stream", request=s.RunStreamIn, responses={200: str})
     def post(self, request: Request, conversation_id: str) -> HttpResponse:
-        data = s.RunStreamIn(data=request.data)
+        data = s.RunStreamIn(data=request.data or {})
         data.is_valid(raise_exception=True)
+        given = data.validated_data
         thread = resolve_thread(
-            actor=self.actor, conversation_id=conversation_id, agent_id=data.validated_data.get("agent_id")
+            actor=self.actor, conversation_id=conversation_id, agent_id=given.get("agent_id")
         )
-        run = _latest_run(actor=self.actor, thread=thread, run_id=data.validated_data.get("run_id"))
+        run = _run_to_follow(
+            actor=self.actor, thread=thread, run_id=given.get("run_id"), otid=given.get("otid")
+        )
         config = run.request_config or {}
         options = StreamOptions(
             stream_tokens=bool(config.get("stream_tokens")),
-            include_pings=data.validated_data["include_pings"] is not False,
+            include_pings=given["include_pings"] is not False,
             approval_tools=agent_selectors.agent_approval_tool_names(actor=self.actor, agent_id=run.agent_id)
             | {tool["name"] for tool in config.get("client_tools") or []},
-            starting_after=data.validated_data["starting_after"] or 0,
+            starting_after=given["starting_after"] or 0,
         )
         slot = throttles.require_stream_slot(self.actor)
         return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
 
 
-def _thread_runs(*, actor: Actor, thread: Thread) -> list[Run]:
-    runs = agent_selectors.run_list(actor=actor, agent_id=thread.agent_id)
-    if thread.conversation_id is None:
-        return list(runs.filter(conversation__isnull=True).order_by("-created_at"))
-    return list(runs.filter(conversation_id=thread.conversation_id).order_by("-created_at"))
-
-
-def _latest_run(*, actor: Actor, thread: Thread, run_id: str | None) -> Run:
+def _run_to_follow(*, actor: Actor, thread: Thread, run_id: str | None, otid: str | None) -> Run:
+    """Letta's order: the run id, else the run that took the message with this otid, else the thread's
+    newest active run, which must have been started in the background. Raises NotFound, InvalidInput."""
     if run_id:
         run = agent_selectors.run_get(actor=actor, run_id=run_id)
         if run.agent_id == thread.agent_id and run.conversation_id == thread.conversation_id:
             return run
         raise NotFound(f"Run with id '{run_id}' not found")
-    runs = _thread_runs(actor=actor, thread=thread)
-    active = [r for r in runs if r.status in agent_selectors.ACTIVE_RUN_STATUSES]
-    if active or runs:
-        return (active or runs)[0]
-    raise NotFound("No run found for this conversation")
+    if otid:
+        found = agent_selectors.run_find_by_otids(actor=actor, agent_id=thread.agent_id, otids=[otid])
+        if found is None or found.conversation_id != thread.conversation_id:
+            raise NotFound(f"No run found for otid={otid}. The run may have expired or never existed.")
+        return found
+    active = agent_selectors.thread_run_list(
+        actor=actor, agent_id=thread.agent_id, conversation_id=thread.conversation_id, active=True
+    ).first()
+    if active is None:
+        raise InvalidInput("No active runs found for this conversation.")
+    if not active.background:
+        raise InvalidInput("Run was not created in background mode, so it cannot be retrieved.")
+    return active
 
 
 class ConversationCancelApi(MessageSendApiView):
@@ -194,13 +252,16 @@ class ConversationCancelApi(MessageSendApiView):
         thread = resolve_thread(
             actor=self.actor, conversation_id=conversation_id, agent_id=request.query_params.get("agent_id")
         )
-        active = [
-            r
-            for r in _thread_runs(actor=self.actor, thread=thread)
-            if r.status in agent_selectors.ACTIVE_RUN_STATUSES
-        ]
+        active = list(
+            agent_selectors.thread_run_list(
+                actor=self.actor,
+                agent_id=thread.agent_id,
+                conversation_id=thread.conversation_id,
+                active=True,
+            )
+        )
         if not active:
-            raise Conflict(f"Conversation '{conversation_id}' has no active run to cancel")
+            raise Conflict(f"No active runs to cancel for conversation {conversation_id}")
         results = {}
         for run in active:
             cancelled = agent_services.run_cancel(actor=self.actor, run_id=run.id)
@@ -208,10 +269,73 @@ class ConversationCancelApi(MessageSendApiView):
         return Response(results)
 
 
+class ConversationForkApi(OrgApiView):
+    @extend_schema(
+        operation_id="fork_conversation",
+        parameters=[cs.ForkQueryIn],
+        request=None,
+        responses=s.ConversationOut,
+    )
+    def post(self, request: Request, conversation_id: str) -> Response:
+        query = cs.ForkQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        thread = resolve_thread(
+            actor=self.actor, conversation_id=conversation_id, agent_id=query.validated_data.get("agent_id")
+        )
+        fork = agent_services.conversation_fork(
+            actor=self.actor, agent_id=thread.agent_id, conversation_id=thread.conversation_id
+        )
+        return Response(s.ConversationOut(fork).data)
+
+
+class ConversationCompactApi(OrgApiView):
+    @extend_schema(
+        operation_id="compact_conversation", request=cs.CompactionRequestIn, responses=cs.CompactionOut
+    )
+    def post(self, request: Request, conversation_id: str) -> Response:
+        data = cs.CompactionRequestIn(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        thread = resolve_thread(
+            actor=self.actor, conversation_id=conversation_id, agent_id=data.validated_data.get("agent_id")
+        )
+        try:
+            compaction = agent_services.conversation_compact(
+                actor=self.actor,
+                agent_id=thread.agent_id,
+                conversation_id=thread.conversation_id,
+                compaction_settings=data.settings(),
+            )
+        except LLMError as exc:
+            return llm_error_response(exc)
+        return Response(cs.compaction_out(compaction))
+
+
+class ConversationRecompileApi(OrgApiView):
+    """The thread's system message, compiled now; nothing is stored, dry run or not (see agent_ops)."""
+
+    @extend_schema(
+        operation_id="recompile_conversation",
+        parameters=[cs.RecompileQueryIn],
+        request=cs.CompactionRequestIn,
+        responses=str,
+    )
+    def post(self, request: Request, conversation_id: str) -> Response:
+        cs.RecompileQueryIn(data=request.query_params).is_valid(raise_exception=True)
+        data = cs.CompactionRequestIn(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        thread = resolve_thread(
+            actor=self.actor, conversation_id=conversation_id, agent_id=data.validated_data.get("agent_id")
+        )
+        compiled = agent_services.thread_recompile(
+            actor=self.actor, agent_id=thread.agent_id, conversation_id=thread.conversation_id
+        )
+        return Response(compiled)
+
+
 urlpatterns = [
     re_path(r"^v1/conversations/?$", ConversationListCreateApi.as_view(), name="conversations"),
     re_path(
-        rf"^v1/conversations/{CONVERSATION}/?$", ConversationRetrieveApi.as_view(), name="conversation-detail"
+        rf"^v1/conversations/{CONVERSATION}/?$", ConversationDetailApi.as_view(), name="conversation-detail"
     ),
     re_path(
         rf"^v1/conversations/{CONVERSATION}/messages/?$",
@@ -227,5 +351,18 @@ urlpatterns = [
         rf"^v1/conversations/{CONVERSATION}/cancel/?$",
         ConversationCancelApi.as_view(),
         name="conversation-cancel",
+    ),
+    re_path(
+        rf"^v1/conversations/{CONVERSATION}/fork/?$", ConversationForkApi.as_view(), name="conversation-fork"
+    ),
+    re_path(
+        rf"^v1/conversations/{CONVERSATION}/compact/?$",
+        ConversationCompactApi.as_view(),
+        name="conversation-compact",
+    ),
+    re_path(
+        rf"^v1/conversations/{CONVERSATION}/recompile/?$",
+        ConversationRecompileApi.as_view(),
+        name="conversation-recompile",
     ),
 ]
