@@ -7,7 +7,8 @@ the same document and an import maps each file id to a new server id.
 What never leaves the server: secrets and tool environment variables keep their keys with empty values
 (Letta's format wants strings; the importer supplies values through `secrets`), and no provider key, base
 URL or sandbox variable appears anywhere. Built-in tools travel by name and are recreated from this
-server's definitions; built-ins this server does not implement are left out on import. Folders, files,
+server's definitions (every Letta base tool's name resolves; one not built here answers so when called);
+other Letta-typed tools this server does not know are left out on import. Folders, files,
 groups, MCP servers and skills are not supported yet: import ignores them.
 """
 
@@ -581,7 +582,7 @@ def _import_tools(
     as_is: bool,
     refused: list[Refusal],
 ) -> dict[str, Tool]:
-    """File tool id -> server tool. Built-ins this server does not implement are left out, and so are
+    """File tool id -> server tool. Letta-typed tools this server does not know are left out, and so are
     (unless `as_is`) tools bound to an MCP server: the importer would mint a callable tool on a server
     someone else registered."""
     builtin_names = [t.name for t in tools if t.name in BUILTIN_TOOLS]

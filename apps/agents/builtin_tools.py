@@ -28,7 +28,7 @@ from apps.memory.edits import BlockView, MemoryEditError
 from apps.memory.errors import BlockConcurrentUpdate
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block
 from apps.memory.services import Editor
-from apps.tools.builtin import builtin_definition
+from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
 from apps.tools.execution import ToolContext, ToolResult
 
 SEND_MESSAGE_RESULT = "Sent message successfully."
@@ -337,3 +337,23 @@ _HANDLERS: dict[str, Handler] = {
 def executable_builtins() -> frozenset[str]:
     """The built-in tool names this module can run (a test keeps it equal to apps.tools.builtin's)."""
     return frozenset(_HANDLERS)
+
+
+# --- Letta base tools this server does not run yet -----------------------------------------------------
+
+
+def _not_built_yet(name: str) -> Handler:
+    """A handler for a Letta base tool whose name resolves (agents may attach it, the model may call it)
+    but whose behaviour is not built here yet: the call is an error result saying so, never a crash."""
+
+    def handler(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+        return ToolResult.error(
+            f"The built-in tool '{name}' is not available on this server yet: its call did nothing. "
+            "Carry on without it."
+        )
+
+    return handler
+
+
+for _name in BUILTIN_TOOLS:
+    _HANDLERS.setdefault(_name, _not_built_yet(_name))

@@ -1452,3 +1452,48 @@ def agent_generate(
         prompt_tokens=response.prompt_tokens,
         completion_tokens=response.completion_tokens,
     )
+
+
+# --- Running an attached tool outside a turn (issue 18: POST /v1/agents/{agent_id}/tools/{tool_name}/run) ---
+
+
+def agent_tool_run(*, actor: Actor, agent_id: str, tool_name: str, args: dict[str, Any]) -> Any:
+    """Run the agent's attached tool `tool_name` on `args` as a turn would (Letta's run_tool_for_agent):
+    a built-in in-process on the agent's memory, an MCP tool on its server, a custom tool in the sandbox
+    with the agent's secrets. Returns the ToolResult, cut to the tool's return_char_limit; a failing
+    tool is an error result, never raised.
+
+    Raises AgentNotFound, NotFound (no tool of that name attached), PermissionDenied (AGENT_CONFIGURE:
+    a built-in may edit the agent's memory, a custom tool reads its secrets).
+    """
+    import dataclasses
+
+    from apps.agents.builtin_tools import execute_builtin  # imports the memory layer; as in the runner
+    from apps.agents.custom_tools import run_custom_tool
+    from apps.tools.execution import ToolContext, ToolResult, cut_to_limit
+    from apps.tools.mcp import run_mcp_tool
+
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    tool = next((t for t in agent.tools.all() if t.name == tool_name), None)
+    if tool is None:
+        raise NotFound(f"Tool '{tool_name}' not found or not attached to agent '{agent_id}'")
+    ctx = ToolContext(
+        actor=Actor.system(agent.organization_id),  # what the loop runs tools as
+        agent_id=agent.id,
+        embedding_handle=agent.embedding,
+        timezone=agent.timezone or "UTC",
+    )
+    if tool.tool_type.startswith("letta_"):
+        result = execute_builtin(tool.name, args, ctx, agent=agent)
+    elif tool.tool_type == Tool.Type.EXTERNAL_MCP:
+        result = run_mcp_tool(tool, args, ctx)
+    elif tool.tool_type == Tool.Type.CLIENT:
+        result = ToolResult.error(
+            f"Tool '{tool.name}' is a client-side tool: the caller runs it, not the server."
+        )
+    else:
+        result = run_custom_tool(tool, args, ctx)
+    return dataclasses.replace(
+        result, return_value=cut_to_limit(result.return_value, tool.return_char_limit), edited_block=None
+    )

@@ -22,6 +22,10 @@ from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, Perm
 
 logger = logging.getLogger(__name__)
 
+NOT_FOUND = "Not Found"
+METHOD_NOT_ALLOWED = "Method Not Allowed"
+"""Letta's (FastAPI's) bodies for a path no route serves and for a method a route does not take."""
+
 STATUS_FOR: dict[type[DomainError], int] = {
     NotFound: status.HTTP_404_NOT_FOUND,
     InvalidInput: status.HTTP_400_BAD_REQUEST,
@@ -108,6 +112,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             {"detail": "; ".join(messages), "errors": exc.detail},
             status=status.HTTP_422_UNPROCESSABLE_ENTITY,
         )
+    if isinstance(exc, exceptions.MethodNotAllowed):
+        # FastAPI's wording, which Letta's clients see; DRF keeps the Allow header.
+        return Response({"detail": METHOD_NOT_ALLOWED}, status=status.HTTP_405_METHOD_NOT_ALLOWED)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         response = Response({"detail": str(exc.detail)}, status=status.HTTP_401_UNAUTHORIZED)
         response["WWW-Authenticate"] = "Bearer"

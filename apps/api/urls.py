@@ -15,6 +15,7 @@ from apps.api.views import (
     archives,
     blocks,
     chat,
+    cloud_only,
     conversations,
     identities,
     mcp,
@@ -50,3 +51,7 @@ urlpatterns = [
     re_path(r"^openapi\.json$", SpectacularAPIView.as_view(), name="openapi-schema"),
     re_path(r"^docs/?$", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
 ]
+
+# Last, after every module above: Letta Cloud's paths answer a JSON 501 and any other /v1 path a JSON 404
+# (FastAPI's {"detail": "Not Found"}), never Django's HTML page.
+urlpatterns += [*cloud_only.urlpatterns, *cloud_only.fallback_patterns]

@@ -188,7 +188,8 @@ _RULE_TYPES = tuple(_RULE_CLASSES.values())
 
 
 def parse_tool_rules(raw: object) -> list[ToolRule]:
-    """Validate a `tool_rules` payload (None, or a list of dicts / rule objects) into rule models.
+    """Validate a `tool_rules` payload (None, or a list of dicts / rule objects) into rule models; a rule
+    given twice is kept once.
 
     Raises ToolRuleError naming every bad entry by index, or a contradiction between entries.
     """
@@ -209,8 +210,22 @@ def parse_tool_rules(raw: object) -> list[ToolRule]:
             rules.append(rule)
     if problems:
         raise ToolRuleError("; ".join(problems))
+    rules = _without_repeats(rules)
     _check_contradictions(rules)
     return rules
+
+
+def _without_repeats(rules: list[ToolRule]) -> list[ToolRule]:
+    """The rules with exact repeats dropped, first occurrences kept in order (Letta stores a rule given
+    twice once; a repeated run_first is then no contradiction)."""
+    seen: set[str] = set()
+    unique: list[ToolRule] = []
+    for rule in rules:
+        key = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(rule)
+    return unique
 
 
 def _parse_one(index: int, item: object) -> tuple[ToolRule | None, str | None]:

@@ -2,7 +2,8 @@
 
 User tools arrive as source text and only ever run in the sandbox, so the schema must come from the
 syntax tree: the signature's annotations give the JSON types and the Google-style docstring gives the
-descriptions, as in Letta's generator.
+descriptions, as in Letta's generator. A parameter may also name a pydantic model (a class deriving from
+BaseModel) defined in the same source: it becomes a nested JSON object built from the class's fields.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def generate_schema(source_code: str, *, name: str | None = None) -> dict[str, A
     Raises ToolSchemaError when the source does not parse, has no such function, lacks a docstring,
     or a parameter lacks a type annotation or an Args entry.
     """
-    function = _find_function(_parse(source_code), name)
+    module = _parse(source_code)
+    function = _find_function(module, name)
+    models = _pydantic_models(module)
     tool = validate_tool_name(function.name)
     docstring_text = ast.get_docstring(function)
     if not docstring_text:
@@ -86,7 +89,7 @@ def generate_schema(source_code: str, *, name: str | None = None) -> dict[str, A
             raise ToolSchemaError(
                 f"parameter '{arg.arg}' of tool '{tool}' is not described in the docstring's Args section"
             )
-        schema, nullable = _json_schema(arg.annotation, _Where(tool, arg.arg))
+        schema, nullable = _json_schema(arg.annotation, _Where(tool, arg.arg, models))
         properties[arg.arg] = {**schema, "description": description}
         if not has_default and not nullable:
             required.append(arg.arg)
@@ -142,6 +145,8 @@ def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef, tool: str) -> 
 class _Where:
     tool: str
     param: str
+    models: dict[str, ast.ClassDef] = field(default_factory=dict)
+    expanding: tuple[str, ...] = ()  # the models being described, outermost first (cycles are refused)
 
     def refuse(self, node: ast.expr, why: str) -> ToolSchemaError:
         return ToolSchemaError(
@@ -162,6 +167,8 @@ def _json_schema(node: ast.expr, where: _Where) -> tuple[dict[str, Any], bool]:
         return _union(_flatten_or(node), node, where)
     base = _base_name(node.value if isinstance(node, ast.Subscript) else node)
     if not isinstance(node, ast.Subscript):
+        if isinstance(node, ast.Name) and node.id in where.models:
+            return _model_schema(where.models[node.id], node, where), False
         simple = _SIMPLE_TYPES.get(base or "")
         if simple is None:
             raise where.refuse(node, f"supported types are {_SUPPORTED}")
@@ -200,6 +207,95 @@ _SIMPLE_TYPES: dict[str, dict[str, Any]] = {
     "Dict": {"type": "object"},
 }
 """Bare list means a list of strings, as in Letta."""
+
+
+def _pydantic_models(module: ast.Module) -> dict[str, ast.ClassDef]:
+    """The module's top-level classes deriving from pydantic's BaseModel (directly, or from one another),
+    by name: the types a parameter may name for a nested JSON object, as in Letta's tools."""
+    classes = [node for node in module.body if isinstance(node, ast.ClassDef)]
+    models: dict[str, ast.ClassDef] = {}
+    grew = True
+    while grew:
+        grew = False
+        for cls in classes:
+            if cls.name not in models and any(
+                _base_name(base) == "BaseModel" or (isinstance(base, ast.Name) and base.id in models)
+                for base in cls.bases
+            ):
+                models[cls.name] = cls
+                grew = True
+    return models
+
+
+def _model_schema(cls: ast.ClassDef, node: ast.expr, where: _Where) -> dict[str, Any]:
+    """A pydantic model as a JSON object: its annotated fields, each described by `Field(description=...)`
+    and required unless it has a default (pydantic's rule, which Letta's schemas follow)."""
+    if cls.name in where.expanding:
+        raise where.refuse(node, f"model '{cls.name}' refers to itself; recursive models are not supported")
+    inner = _Where(where.tool, where.param, where.models, (*where.expanding, cls.name))
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, annotation, value in _model_fields(cls, where):
+        description, has_default = _field_info(value)
+        if not description:
+            raise ToolSchemaError(
+                f"field '{name}' of model '{cls.name}' (parameter '{where.param}' of tool '{where.tool}') has "
+                "no description; give it one with Field(description=...)"
+            )
+        schema, _nullable = _json_schema(annotation, inner)
+        properties[name] = {**schema, "description": description}
+        if not has_default:
+            required.append(name)
+    result: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    docstring = ast.get_docstring(cls)
+    if docstring:
+        result["description"] = parse_google_docstring(docstring).description
+    return result
+
+
+def _model_fields(cls: ast.ClassDef, where: _Where) -> list[tuple[str, ast.expr, ast.expr | None]]:
+    """(name, annotation, default) of a model's fields, its bases' first (as pydantic orders them)."""
+    fields: dict[str, tuple[str, ast.expr, ast.expr | None]] = {}
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and base.id in where.models and base.id != cls.name:
+            for item in _model_fields(where.models[base.id], where):
+                fields[item[0]] = item
+    for statement in cls.body:
+        if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
+            continue
+        name = statement.target.id
+        if (
+            name.startswith("_")
+            or name == "model_config"
+            or _base_name(_unwrap(statement.annotation)) == "ClassVar"
+        ):
+            continue
+        fields[name] = (name, statement.annotation, statement.value)
+    return list(fields.values())
+
+
+def _unwrap(node: ast.expr) -> ast.expr:
+    return node.value if isinstance(node, ast.Subscript) else node
+
+
+def _field_info(value: ast.expr | None) -> tuple[str, bool]:
+    """(description, has a default) from a field's right-hand side: nothing, a plain default, or
+    `Field(...)` (a first positional argument or `default=` other than `...`, or a `default_factory=`)."""
+    if value is None:
+        return "", False
+    if not (isinstance(value, ast.Call) and _base_name(value.func) == "Field"):
+        return "", True
+    keywords = {keyword.arg: keyword.value for keyword in value.keywords if keyword.arg}
+    description = keywords.get("description")
+    text = (
+        description.value
+        if isinstance(description, ast.Constant) and isinstance(description.value, str)
+        else ""
+    )
+    default = value.args[0] if value.args else keywords.get("default")
+    is_ellipsis = isinstance(default, ast.Constant) and default.value is Ellipsis
+    has_default = "default_factory" in keywords or (default is not None and not is_ellipsis)
+    return text, has_default
 
 
 def _base_name(node: ast.expr) -> str | None:

@@ -22,7 +22,10 @@ from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX
 def tool_upsert_builtins(
     *, actor: Actor, names: list[str] | tuple[str, ...] | None = None
 ) -> dict[str, Tool]:
-    """Make sure the organisation has current rows for these built-in tools (all when None). Idempotent."""
+    """Make sure the organisation has current rows for these built-in tools (all when None). Idempotent.
+
+    A custom tool that took one of these names before the server reserved it is left as it is (and
+    returned under that name): refreshing it would replace its owner's code."""
     wanted = list(names) if names is not None else list(BUILTIN_TOOLS)
     existing = {t.name: t for t in Tool.objects.for_actor(actor).filter(name__in=wanted)}
     for name in wanted:
@@ -34,7 +37,9 @@ def tool_upsert_builtins(
                     existing[name] = Tool.objects.for_actor(actor).create(name=name, **definition)
             except IntegrityError:  # created concurrently by another request
                 existing[name] = Tool.objects.for_actor(actor).get(name=name)
-        elif any(getattr(tool, key) != value for key, value in definition.items()):
+        elif tool.tool_type.startswith(LETTA_TOOL_TYPE_PREFIX) and any(
+            getattr(tool, key) != value for key, value in definition.items()
+        ):
             for key, value in definition.items():
                 setattr(tool, key, value)
             tool.save(update_fields=[*definition, "updated_at"])
@@ -131,8 +136,66 @@ def build_tool_schema(
         return {
             "name": validate_tool_name(function.name),
             "description": docstring.description,
-            "parameters": args_json_schema,
+            "parameters": inline_json_schema(args_json_schema),
         }
+    return generate_schema(source_code)
+
+
+def inline_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """An args JSON schema as the model should see it, the way Letta turns a pydantic model's
+    `model_json_schema()` into a tool's parameters: `$ref`s to `$defs` replaced by the nested objects
+    they name, pydantic's `title`s dropped, `anyOf [X, null]` (an Optional field) as X. Pure.
+
+    Raises ToolSchemaError for a reference that is not to `#/$defs/...`, names nothing, or is recursive.
+    """
+    definitions = schema.get("$defs", {}) if isinstance(schema, dict) else {}
+
+    def walk(node: Any, expanding: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(item, expanding) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            ref = node["$ref"]
+            name = ref.removeprefix("#/$defs/") if isinstance(ref, str) else ""
+            if not isinstance(ref, str) or not ref.startswith("#/$defs/") or name not in definitions:
+                raise ToolSchemaError(f"args_json_schema refers to {ref!r}, which is not one of its $defs")
+            if name in expanding:
+                raise ToolSchemaError(
+                    f"args_json_schema: '{name}' refers to itself; recursive models are not supported"
+                )
+            siblings = {key: value for key, value in node.items() if key != "$ref"}
+            return {**walk(definitions[name], (*expanding, name)), **walk(siblings, expanding)}
+        any_of = node.get("anyOf")
+        if isinstance(any_of, list) and len(any_of) == 2 and {"type": "null"} in any_of:
+            (concrete,) = [option for option in any_of if option != {"type": "null"}]
+            rest = {key: value for key, value in node.items() if key != "anyOf"}
+            return {**walk(concrete, expanding), **walk(rest, expanding)}
+        inlined: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$defs" or (key == "title" and isinstance(value, str)):
+                continue
+            if key in ("properties", "patternProperties") and isinstance(value, dict):
+                inlined[key] = {name: walk(field, expanding) for name, field in value.items()}  # names kept
+            else:
+                inlined[key] = walk(value, expanding)
+        return inlined
+
+    result = walk(schema, ())
+    return result if isinstance(result, dict) else schema
+
+
+def tool_generate_schema(*, source_code: str, source_type: str = "python") -> dict[str, Any]:
+    """The JSON schema a tool with this source gets (Letta's generate-schema), read with `ast`, never run.
+
+    Raises ToolSchemaError (no function, a missing docstring entry, a TypeScript source: only Python
+    schemas are generated; a TypeScript tool gives its json_schema), ToolSourceTooLarge.
+    """
+    check_source_size(source_code)
+    if source_type != "python":
+        raise ToolSchemaError(
+            f"schemas are generated from Python source only; a {source_type} tool gives its json_schema"
+        )
     return generate_schema(source_code)
 
 

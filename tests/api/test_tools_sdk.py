@@ -7,7 +7,7 @@ from letta_client import BadRequestError, Letta, NotFoundError
 
 from apps.accounts.models import User
 from apps.accounts.services import api_key_create
-from apps.agents.models import Agent
+from apps.agents.models import Agent, Run
 from apps.agents.services import BlockSpec, agent_create
 from apps.core.actor import Actor
 from apps.tools.models import Tool
@@ -128,3 +128,44 @@ def test_export_and_import_through_the_sdk(client, actor, agent):
     assert first["agents"][0]["name"] == "SDK agent"
     assert second == first
     assert Agent.objects.for_actor(actor).count() == 2
+
+
+# --- issue 18: running an agent's tool, a block's agents, a run's trace, health -------------------------
+
+
+def test_running_an_agents_tool_through_the_sdk(client, actor, agent, settings):
+    settings.SANDBOX_BACKEND = "local"
+    tool = client.tools.upsert(source_code=WEATHER_SOURCE)
+    client.agents.tools.attach(tool.id, agent_id=agent.id)
+
+    result = client.agents.tools.run("get_weather", agent_id=agent.id, args={"city": "Oslo"})
+    with pytest.raises(NotFoundError) as missing:
+        client.agents.tools.run("no_such_tool", agent_id=agent.id, args={})
+
+    assert (result.status, result.func_return, result.stderr) == ("success", "Sunny in Oslo", [])
+    assert (
+        missing.value.body["detail"] == f"Tool 'no_such_tool' not found or not attached to agent '{agent.id}'"
+    )
+
+
+def test_listing_a_blocks_agents_through_the_sdk(client, actor, agent):
+    [block] = client.agents.blocks.list(agent_id=agent.id).items
+
+    agents = client.blocks.agents.list(block.id)
+
+    assert [a.id for a in agents.items] == [agent.id]
+    assert agents.items[0].name == "SDK agent"
+
+
+def test_a_runs_trace_through_the_sdk(client, actor, agent):
+    run = Run.all_objects.create(organization_id=actor.organization_id, agent=agent)
+
+    spans = client.runs.trace.retrieve(run.id, limit=50)
+
+    assert spans == []
+
+
+def test_health_through_the_sdk_reports_the_letta_api_version(client):
+    health = client.health()
+
+    assert (health.status, health.version) == ("ok", "0.16.7")

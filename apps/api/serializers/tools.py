@@ -146,3 +146,29 @@ class ToolRunOut(serializers.Serializer):
 
 class ApprovalIn(serializers.Serializer):
     requires_approval = serializers.BooleanField()
+
+
+class GenerateSchemaIn(serializers.Serializer):
+    """POST /v1/tools/generate-schema: Letta's CodeInput."""
+
+    code = serializers.CharField(trim_whitespace=False)
+    source_type = serializers.ChoiceField(choices=SOURCE_TYPES, required=False, default="python")
+
+
+class AgentToolRunIn(serializers.Serializer):
+    """POST /v1/agents/{agent_id}/tools/{tool_name}/run: Letta's ToolExecuteRequest."""
+
+    args = serializers.DictField(required=False, default=dict)
+
+
+class AgentToolRunOut(serializers.Serializer):
+    """Letta's ToolExecutionResult (func_return is null when the tool failed; stderr then says why), plus
+    the sandbox that ran it."""
+
+    status = serializers.CharField()
+    func_return = serializers.CharField(allow_null=True)
+    stdout = serializers.ListField(child=serializers.CharField())
+    stderr = serializers.ListField(child=serializers.CharField())
+    agent_state = serializers.JSONField(allow_null=True)
+    sandbox_config_fingerprint = serializers.CharField(allow_null=True)
+    sandbox = serializers.CharField()

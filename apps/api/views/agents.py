@@ -1,4 +1,5 @@
-"""/v1/agents (CRUD, tools, core-memory blocks) and /v1/tags: thin adapters over agents' services and selectors."""
+"""/v1/agents (CRUD, count, tools and running one, core-memory blocks) and /v1/tags: thin adapters over
+agents' services and selectors."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from apps.agents.models import StopReason
 from apps.api.base import OrgApiView
 from apps.api.serializers import agents as s
 from apps.api.serializers.common import BlockOut, BlockUpdateIn
-from apps.api.serializers.tools import ToolResponse
+from apps.api.serializers.tools import AgentToolRunIn, AgentToolRunOut, ToolResponse
 from apps.core.pagination import PageParams, paginate
 
 AGENT_TOOLS_DEFAULT_LIMIT = 10  # Letta's default for GET /v1/agents/{id}/tools
@@ -82,6 +83,23 @@ class AgentListCreateApi(OrgApiView):
         return Response(s.agent_state(agent, actor=self.actor))
 
 
+class AgentCountApi(OrgApiView):
+    @extend_schema(
+        operation_id="count_agents",
+        parameters=[AgentListQueryIn, OpenApiParameter("tags", str, many=True)],
+        responses={200: OpenApiTypes.INT},
+    )
+    def get(self, request: Request) -> Response:
+        """How many agents the list would show with the same filters (Letta's count_agents)."""
+        query = AgentListQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = {k: v for k, v in query.validated_data.items() if k != "ascending"}
+        qs = agent_selectors.agent_state_list(
+            actor=self.actor, tags=request.query_params.getlist("tags"), **filters
+        )
+        return Response(qs.count())
+
+
 class AgentDetailApi(OrgApiView):
     @extend_schema(operation_id="retrieve_agent", responses=s.AgentStateOut)
     def get(self, request: Request, agent_id: str) -> Response:
@@ -108,6 +126,31 @@ class AgentToolListApi(OrgApiView):
         qs = agent_selectors.agent_tool_list(actor=self.actor, agent_id=agent_id)
         page = paginate(qs, _page_params(request, default_limit=AGENT_TOOLS_DEFAULT_LIMIT))
         return Response(ToolResponse(page, many=True).data)
+
+
+class AgentToolRunApi(OrgApiView):
+    @extend_schema(operation_id="run_tool_for_agent", request=AgentToolRunIn, responses=AgentToolRunOut)
+    def post(self, request: Request, agent_id: str, tool_name: str) -> Response:
+        """Run one of the agent's tools now, as a turn would (its memory, its secrets, its sandbox)."""
+        data = AgentToolRunIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = agent_services.agent_tool_run(
+            actor=self.actor, agent_id=agent_id, tool_name=tool_name, args=data.validated_data["args"]
+        )
+        failed = result.status == "error"
+        stderr = list(result.stderr)
+        if failed and result.return_value not in stderr:
+            stderr.append(result.return_value)  # Letta answers no func_return for a failure: say why here
+        body = {
+            "status": result.status,
+            "func_return": None if failed else result.return_value,
+            "stdout": list(result.stdout),
+            "stderr": stderr,
+            "agent_state": None,  # deprecated in Letta, which always answers null
+            "sandbox_config_fingerprint": None,
+            "sandbox": result.sandbox,
+        }
+        return Response(AgentToolRunOut(body).data)
 
 
 class _AgentStateOrNullApi(OrgApiView):
@@ -210,6 +253,7 @@ AGENT = r"(?P<agent_id>(?!import/?$)[^/]+)"  # /v1/agents/import belongs to the 
 
 urlpatterns = [
     re_path(r"^v1/agents/?$", AgentListCreateApi.as_view(), name="agents"),
+    re_path(r"^v1/agents/count/?$", AgentCountApi.as_view(), name="agents-count"),  # before {agent_id}
     re_path(rf"^v1/agents/{AGENT}/?$", AgentDetailApi.as_view(), name="agent-detail"),
     re_path(rf"^v1/agents/{AGENT}/tools/?$", AgentToolListApi.as_view(), name="agent-tools"),
     re_path(
@@ -221,6 +265,12 @@ urlpatterns = [
         rf"^v1/agents/{AGENT}/tools/detach/(?P<tool_id>[^/]+)/?$",
         AgentToolDetachApi.as_view(),
         name="agent-tool-detach",
+    ),
+    # After attach/ and detach/, as in Letta: .../tools/attach/run attaches the tool with id "run".
+    re_path(
+        rf"^v1/agents/{AGENT}/tools/(?P<tool_name>[^/]+)/run/?$",
+        AgentToolRunApi.as_view(),
+        name="agent-tool-run",
     ),
     re_path(
         rf"^v1/agents/{AGENT}/core-memory/blocks/?$", CoreMemoryBlockListApi.as_view(), name="agent-blocks"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.urls import re_path
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -141,6 +141,42 @@ class LegacyMcpServerToolsApi(McpApiView):
         return Response(s.McpToolOut(remote, many=True).data)
 
 
+class McpResyncOut(serializers.Serializer):
+    """Letta's MCPServerResyncResult (added, updated, deleted tool names), plus what was unchanged and
+    what was skipped and why."""
+
+    added = serializers.ListField(child=serializers.CharField())
+    updated = serializers.ListField(child=serializers.CharField())
+    deleted = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.ListField(child=serializers.CharField())
+    skipped = s.SkippedToolOut(many=True)
+
+
+class LegacyMcpServerResyncApi(McpApiView):
+    @extend_schema(
+        operation_id="resync_mcp_server_tools",
+        request=None,
+        parameters=[OpenApiParameter("agent_id", str, required=False)],
+        responses=McpResyncOut,
+    )
+    def post(self, request: Request, mcp_server_name: str) -> Response:
+        """Make the server's registered tools match what it lists now: new ones added, changed schemas
+        updated, tools it no longer has deleted (Letta's resync; nothing is attached to the agent)."""
+        server = mcp_services.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
+        agent_id = request.query_params.get("agent_id")
+        if agent_id:
+            agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)  # 404 before anything changes
+        summary = mcp_services.mcp_server_sync_tools(actor=self.actor, server=server)
+        body = {
+            "added": summary.added,
+            "updated": summary.updated,
+            "deleted": summary.deleted,
+            "unchanged": summary.unchanged,
+            "skipped": summary.skipped,
+        }
+        return Response(McpResyncOut(body).data)
+
+
 class LegacyMcpToolAddApi(McpApiView):
     @extend_schema(operation_id="add_mcp_tool", request=None, responses=ToolResponse)
     def post(self, request: Request, mcp_server_name: str, mcp_tool_name: str) -> Response:
@@ -166,6 +202,8 @@ urlpatterns = [
         name="mcp-server-tool-run",
     ),
     re_path(rf"{_LEGACY}/tools/?$", LegacyMcpServerToolsApi.as_view(), name="mcp-legacy-server-tools"),
+    # Before {mcp_tool_name}, as in Letta: "resync" is the action, not a tool to add.
+    re_path(rf"{_LEGACY}/resync/?$", LegacyMcpServerResyncApi.as_view(), name="mcp-legacy-server-resync"),
     re_path(
         rf"{_LEGACY}/(?P<mcp_tool_name>[^/]+)/?$", LegacyMcpToolAddApi.as_view(), name="mcp-legacy-tool-add"
     ),

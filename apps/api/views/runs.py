@@ -1,9 +1,11 @@
-"""/v1/runs: list, retrieve, messages, steps, usage, and the resumable SSE stream of a run."""
+"""/v1/runs: list, active, retrieve, messages, steps, usage, trace, and the resumable SSE stream of a run."""
 
 from __future__ import annotations
 
 from django.http import HttpResponse
 from django.urls import re_path
+from drf_spectacular.plumbing import build_array_type, build_basic_type
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -18,6 +20,7 @@ from apps.api.views.messages import LIST_PARAMETERS, LenientContentNegotiation, 
 from apps.core.pagination import PageParams, paginate
 
 RUNS_DEFAULT_LIMIT = 100
+ACTIVE_RUNS_LIMIT = 100  # Letta's list_active_runs answers at most this many
 STEPS_DEFAULT_LIMIT = 50
 RUN = r"(?P<run_id>[^/]+)"
 
@@ -61,6 +64,30 @@ class RunListApi(OrgApiView):
         return Response(s.RunOut(page, many=True).data)
 
 
+class RunActiveListQueryIn(serializers.Serializer):
+    agent_id = serializers.CharField(required=False, allow_blank=True)
+    background = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+class RunActiveListApi(OrgApiView):
+    @extend_schema(
+        operation_id="list_active_runs", parameters=[RunActiveListQueryIn], responses=s.RunOut(many=True)
+    )
+    def get(self, request: Request) -> Response:
+        """Runs not finished yet (created or running), newest first, at most 100 (Letta's deprecated
+        list_active_runs; `GET /v1/runs/?active=true` pages through them)."""
+        query = RunActiveListQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        qs = agent_selectors.run_list(
+            actor=self.actor,
+            agent_id=query.validated_data.get("agent_id") or None,
+            active=True,
+            background=query.validated_data["background"],
+        )
+        page = paginate(qs, PageParams(limit=ACTIVE_RUNS_LIMIT))
+        return Response(s.RunOut(page, many=True).data)
+
+
 class RunRetrieveApi(OrgApiView):
     @extend_schema(operation_id="retrieve_run", responses=s.RunOut)
     def get(self, request: Request, run_id: str) -> Response:
@@ -88,6 +115,25 @@ class RunUsageApi(OrgApiView):
     @extend_schema(operation_id="retrieve_run_usage", responses=s.UsageOut)
     def get(self, request: Request, run_id: str) -> Response:
         return Response(s.usage_out(agent_selectors.run_usage(actor=self.actor, run_id=run_id)))
+
+
+class RunTraceQueryIn(serializers.Serializer):
+    limit = serializers.IntegerField(required=False, default=1000, min_value=1, max_value=5000)
+
+
+class RunTraceApi(OrgApiView):
+    @extend_schema(
+        operation_id="retrieve_trace_for_run",
+        parameters=[RunTraceQueryIn],
+        responses={200: build_array_type(build_basic_type(OpenApiTypes.OBJECT))},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        """The run's OpenTelemetry spans, as Letta's list of span objects. No spans are recorded yet,
+        so a run this organisation can see answers an empty list (another's, or none, is 404)."""
+        query = RunTraceQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        agent_selectors.run_get(actor=self.actor, run_id=run_id)
+        return Response([])
 
 
 class RunStreamApi(OrgApiView):
@@ -124,9 +170,11 @@ class RunStreamApi(OrgApiView):
 
 urlpatterns = [
     re_path(r"^v1/runs/?$", RunListApi.as_view(), name="runs"),
+    re_path(r"^v1/runs/active/?$", RunActiveListApi.as_view(), name="runs-active"),  # before {run_id}
     re_path(rf"^v1/runs/{RUN}/?$", RunRetrieveApi.as_view(), name="run-detail"),
     re_path(rf"^v1/runs/{RUN}/messages/?$", RunMessagesApi.as_view(), name="run-messages"),
     re_path(rf"^v1/runs/{RUN}/steps/?$", RunStepsApi.as_view(), name="run-steps"),
     re_path(rf"^v1/runs/{RUN}/usage/?$", RunUsageApi.as_view(), name="run-usage"),
+    re_path(rf"^v1/runs/{RUN}/trace/?$", RunTraceApi.as_view(), name="run-trace"),
     re_path(rf"^v1/runs/{RUN}/stream/?$", RunStreamApi.as_view(), name="run-stream"),
 ]

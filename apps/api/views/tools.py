@@ -1,12 +1,14 @@
-"""/v1/tools (create, upsert, list, retrieve, modify, delete, search, run) and the per-agent approval switch:
-thin adapters over apps.tools services and selectors."""
+"""/v1/tools (create, upsert, list, count, retrieve, modify, delete, search, run, add-base-tools,
+generate-schema) and the per-agent approval switch: thin adapters over apps.tools services and selectors."""
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.urls import re_path
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,12 +16,14 @@ from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.api.base import OrgApiView
 from apps.api.serializers import tools as s
+from apps.core.actor import Actor
 from apps.core.errors import InvalidInput
 from apps.core.ids import new_id, new_message_id
 from apps.core.pagination import PageParams, paginate
 from apps.tools import selectors as tool_selectors
 from apps.tools import services as tool_services
 from apps.tools.models import Tool
+from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX
 
 JSON_NULL = b"null"
 """Letta answers SDK 1.x with JSON null where it once returned the agent (approval, delete)."""
@@ -50,22 +54,26 @@ def _create_fields(request: Request) -> dict[str, object]:
     return {key: value for key, value in data.validated_data.items() if value is not None}
 
 
+def _filtered_tools(request: Request, actor: Actor) -> QuerySet[Tool]:
+    """The organisation's tools under the list filters Letta's list and count endpoints share."""
+    query = request.query_params
+    names = [*([query["name"]] if query.get("name") else []), *query.getlist("names")]
+    return tool_selectors.tool_list_filtered(
+        actor=actor,
+        names=names,
+        tool_ids=_split_list(query.getlist("tool_ids")),
+        search=query.get("search"),
+        tool_types=_tool_types(query.getlist("tool_types"), "tool_type"),
+        exclude_tool_types=_tool_types(query.getlist("exclude_tool_types"), "tool_type"),
+        letta_only=query.get("return_only_letta_tools") == "true",
+    )
+
+
 class ToolListCreateApi(OrgApiView):
     @extend_schema(operation_id="list_tools", responses=s.ToolResponse(many=True))
     def get(self, request: Request) -> Response:
-        query = request.query_params
         tool_services.tool_upsert_builtins(actor=self.actor)  # Letta lists its built-ins in every org
-        names = [*([query["name"]] if query.get("name") else []), *query.getlist("names")]
-        qs = tool_selectors.tool_list_filtered(
-            actor=self.actor,
-            names=names,
-            tool_ids=_split_list(query.getlist("tool_ids")),
-            search=query.get("search"),
-            tool_types=_tool_types(query.getlist("tool_types"), "tool_type"),
-            exclude_tool_types=_tool_types(query.getlist("exclude_tool_types"), "tool_type"),
-            letta_only=query.get("return_only_letta_tools") == "true",
-        )
-        page = paginate(qs, PageParams.from_query(query))
+        page = paginate(_filtered_tools(request, self.actor), PageParams.from_query(request.query_params))
         return Response(s.ToolResponse(page, many=True).data)
 
     @extend_schema(operation_id="create_tool", request=s.ToolCreateIn, responses=s.ToolResponse)
@@ -77,6 +85,43 @@ class ToolListCreateApi(OrgApiView):
     def put(self, request: Request) -> Response:
         tool = tool_services.tool_upsert(actor=self.actor, **_create_fields(request))
         return Response(s.ToolResponse(tool).data)
+
+
+class ToolCountApi(OrgApiView):
+    @extend_schema(
+        operation_id="count_tools",
+        parameters=[OpenApiParameter("exclude_letta_tools", bool, required=False)],
+        responses={200: OpenApiTypes.INT},
+    )
+    def get(self, request: Request) -> Response:
+        """How many tools the list would show with the same filters (Letta's count_tools, which also
+        takes `exclude_letta_tools`)."""
+        qs = _filtered_tools(request, self.actor)
+        if request.query_params.get("exclude_letta_tools") == "true":
+            qs = qs.exclude(tool_type__startswith=LETTA_TOOL_TYPE_PREFIX)
+        return Response(qs.count())
+
+
+class ToolAddBaseToolsApi(OrgApiView):
+    @extend_schema(operation_id="add_base_tools", request=None, responses=s.ToolResponse(many=True))
+    def post(self, request: Request) -> Response:
+        """Create or refresh every Letta base tool in the organisation; answers them all, by name."""
+        tools = tool_services.tool_upsert_builtins(actor=self.actor)
+        return Response(s.ToolResponse(sorted(tools.values(), key=lambda t: t.name), many=True).data)
+
+
+class ToolGenerateSchemaApi(OrgApiView):
+    @extend_schema(
+        operation_id="generate_json_schema", request=s.GenerateSchemaIn, responses={200: OpenApiTypes.OBJECT}
+    )
+    def post(self, request: Request) -> Response:
+        """The JSON schema a tool with this source would get (read from the source, never run)."""
+        data = s.GenerateSchemaIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        schema = tool_services.tool_generate_schema(
+            source_code=data.validated_data["code"], source_type=data.validated_data["source_type"]
+        )
+        return Response(schema)
 
 
 class ToolSearchApi(OrgApiView):
@@ -176,6 +221,10 @@ class AgentToolApprovalApi(OrgApiView):
 
 urlpatterns = [
     re_path(r"^v1/tools/?$", ToolListCreateApi.as_view(), name="tools"),
+    # Static paths before /v1/tools/{tool_id}, which would take them for ids.
+    re_path(r"^v1/tools/count/?$", ToolCountApi.as_view(), name="tools-count"),
+    re_path(r"^v1/tools/add-base-tools/?$", ToolAddBaseToolsApi.as_view(), name="tools-add-base-tools"),
+    re_path(r"^v1/tools/generate-schema/?$", ToolGenerateSchemaApi.as_view(), name="tools-generate-schema"),
     re_path(r"^v1/tools/search/?$", ToolSearchApi.as_view(), name="tools-search"),
     re_path(r"^v1/tools/run/?$", ToolRunApi.as_view(), name="tools-run"),
     re_path(r"^v1/tools/(?P<tool_id>[^/]+)/?$", ToolDetailApi.as_view(), name="tool-detail"),
