@@ -5,6 +5,7 @@ Every variable read below is documented in the README's configuration table.
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -164,6 +165,25 @@ REST_FRAMEWORK = {
     # X-Forwarded-For header a client sends itself never moves it out of its throttles.
     "NUM_PROXIES": 0,
 }
+# Single-user local mode (off by default): /v1 requests without a key or a session act as the bootstrap
+# admin (DJANGO_SUPERUSER_USERNAME) in their first organisation, when they come from this machine
+# (apps/api/authentication.py anonymous_local). Django cannot see the address daphne binds (`make run`
+# passes HOST to it), so every request's own address must be loopback, and these settings refuse to load
+# (no process starts) when the mode is on with a HOST that is not a loopback address.
+ALLOW_ANONYMOUS_LOCAL = env.bool("ALLOW_ANONYMOUS_LOCAL", default=False)
+ANONYMOUS_LOCAL_USERNAME = env.str("DJANGO_SUPERUSER_USERNAME", default="admin")
+if ALLOW_ANONYMOUS_LOCAL:
+    _host = env.str("HOST", default="127.0.0.1").strip("[]")
+    try:
+        _loopback = _host == "localhost" or ipaddress.ip_address(_host).is_loopback
+    except ValueError:
+        _loopback = False
+    if not _loopback:
+        raise ImproperlyConfigured(
+            f"ALLOW_ANONYMOUS_LOCAL=true lets anyone who reaches the server act as its owner: it needs a "
+            f"loopback HOST (127.0.0.1, ::1, localhost), not {_host!r}"
+        )
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Letta-compatible agent server",
     "DESCRIPTION": "Stateful agents with self-editing memory; a Letta v1 compatible REST API.",

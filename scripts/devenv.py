@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,8 +210,49 @@ def manage(*args: str) -> None:
     subprocess.run([PYTHON, str(ROOT / "manage.py"), *args], check=True, cwd=ROOT)
 
 
+TRUE_STRINGS = ("true", "on", "ok", "y", "yes", "1")  # django-environ's, as config/settings.py reads it
+
+
+def local_mode_banner(environ: Mapping[str, str] | None = None) -> tuple[str | None, bool]:
+    """The start banner of single-user local mode (ALLOW_ANONYMOUS_LOCAL), or None when it is off; and
+    whether the platform may start (not with a HOST that is not loopback: the settings refuse it too)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ALLOW_ANONYMOUS_LOCAL", "").strip().lower() not in TRUE_STRINGS:
+        return None, True
+    host = environ.get("HOST", "127.0.0.1").strip("[]")
+    if host != "localhost" and not _is_loopback_address(host):
+        return (
+            f"REFUSING TO START: ALLOW_ANONYMOUS_LOCAL=true lets anyone who reaches the server act as its "
+            f"owner, and HOST={host} is not a loopback address. Use HOST=127.0.0.1, or turn the mode off.",
+            False,
+        )
+    user = environ.get("DJANGO_SUPERUSER_USERNAME", "admin")
+    rule = "!" * 100
+    return (
+        f"{rule}\n"
+        "!!! SINGLE-USER LOCAL MODE (ALLOW_ANONYMOUS_LOCAL=true)\n"
+        f"!!! /v1 requests from this machine without an API key act as '{user}', in its first organisation.\n"
+        "!!! Any program or person on this computer can read and change everything. Single-user machines only.\n"
+        f"{rule}",
+        True,
+    )
+
+
+def _is_loopback_address(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def run_platform() -> int:
     port = os.environ.get("PORT", "8283")
+    banner, may_start = local_mode_banner()
+    if not may_start:
+        print(banner, file=sys.stderr, flush=True)
+        return 2
     ensure_sandbox_image()
     manage("migrate", "--noinput")
     manage("collectstatic", "--noinput", "--verbosity", "0")
@@ -264,6 +305,8 @@ def run_platform() -> int:
         f"platform on http://{os.environ.get('HOST', '127.0.0.1')}:{port} (admin at /admin/); Ctrl-C stops it",
         flush=True,
     )
+    if banner:
+        print(banner, file=sys.stderr, flush=True)
 
     stopping = False
 

@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 from apps.core.actor import Actor
 from apps.core.errors import NotFound
 from apps.core.outbound import OutboundRefused, guarded_client, without_credentials
+from apps.core.pagination import PageParams, paginate
 from apps.llm.handles import ANTHROPIC_API_BASE, OPENAI_API_BASE
 from apps.llm.models import Provider
 
@@ -25,6 +26,18 @@ PUBLIC_API_BASES = frozenset({OPENAI_API_BASE, ANTHROPIC_API_BASE})
 
 def provider_list(*, actor: Actor) -> QuerySet[Provider]:
     return Provider.objects.for_actor(actor).order_by("name")
+
+
+def provider_page(
+    *, actor: Actor, page: PageParams, name: str | None = None, provider_type: str | None = None
+) -> list[Provider]:
+    """One page of the organisation's providers (Letta's list_providers: newest first by default)."""
+    qs = Provider.objects.for_actor(actor)
+    if name:
+        qs = qs.filter(name=name)
+    if provider_type:
+        qs = qs.filter(provider_type=provider_type)
+    return paginate(qs, page)
 
 
 def provider_get(*, actor: Actor, provider_id: str) -> Provider:
@@ -128,6 +141,12 @@ def fetch_model_ids(base_url: str, *, api_key: str | None, timeout: float) -> li
     if not isinstance(data, list):
         return []
     return sorted({item["id"] for item in data if isinstance(item, dict) and isinstance(item.get("id"), str)})
+
+
+def tenant_http_client() -> httpx.Client:
+    """The web process's shared client for provider URLs an organisation chose (model lists, checks):
+    behind the outbound guard, no redirects, no cookies, no environment."""
+    return _model_list_client()
 
 
 _list_client: httpx.Client | None = None

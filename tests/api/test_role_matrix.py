@@ -342,7 +342,7 @@ def test_the_api_does_what_the_matrix_says(case: Case, role: str, world: World, 
 
 def test_every_mutating_action_of_the_matrix_is_driven() -> None:
     """A new row in the matrix needs a case here (API or ADE), or it is enforced nowhere we can see."""
-    through_the_ade = {
+    through_the_ade = {  # and, for these two, tests/api/test_providers_api.py, test_sandbox_config_api.py
         Action.PROVIDER_MANAGE,
         Action.SANDBOX_MANAGE,
         Action.API_KEY_OWN,
