@@ -633,3 +633,23 @@ def test_a_member_may_change_the_conversation_they_opened_on_someone_elses_agent
 
     assert response.status_code == 200
     assert _summary_of(conversation) == "renamed"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("isolated_block_labels", ["human"]),
+        ("model", "openai/gpt-4o"),
+        ("model_settings", {"temperature": 0.1}),
+    ],
+)
+def test_create_refuses_by_name_what_a_conversation_cannot_have_here(field, value, actor, api_client_for):  # type: ignore[no-untyped-def]
+    agent = new_agent(actor)
+
+    response = api_client_for(actor).post(
+        f"/v1/conversations/?agent_id={agent.id}", {field: value}, format="json"
+    )
+
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(f"{field}: not supported")
+    assert not agent.conversations.exists()

@@ -15,6 +15,7 @@ from rest_framework import serializers
 
 from apps.agents.models import Conversation, Run, Step, StopReason
 from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
+from apps.api.serializers.strict import refuse_unsupported
 from apps.llm.selectors import endpoint_for_tenants
 
 MESSAGE_TYPES = [
@@ -287,8 +288,21 @@ class StepFeedbackIn(serializers.Serializer):
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, allow_null=True)
 
 
+CONVERSATION_CREATE_UNSUPPORTED = {
+    "isolated_block_labels": "a conversation shares its agent's blocks on this server",
+    "model": "a conversation runs with its agent's model on this server",
+    "model_settings": "a conversation runs with its agent's model settings on this server",
+}
+
+
 class ConversationCreateIn(serializers.Serializer):
+    """Letta's CreateConversation: `summary` is kept; what this server does not do is refused by name."""
+
     summary = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=500)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unsupported(self.initial_data, CONVERSATION_CREATE_UNSUPPORTED)
+        return attrs
 
 
 # --- Output ------------------------------------------------------------------------------------------------

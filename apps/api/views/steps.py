@@ -15,6 +15,7 @@ from apps.agents import services as agent_services
 from apps.agents.models import Step
 from apps.api.base import OrgApiView
 from apps.api.serializers import messages as s
+from apps.api.serializers.strict import refuse_unsupported
 from apps.api.views.messages import LIST_PARAMETERS, message_list_response
 from apps.api.views.runs import STEPS_DEFAULT_LIMIT, run_page_params
 from apps.core.pagination import paginate
@@ -42,6 +43,11 @@ class StepListApi(OrgApiView):
     def get(self, request: Request) -> Response:
         query = StepListQueryIn(data=request.query_params)
         query.is_valid(raise_exception=True)
+        # Refused, not dropped: an empty page would claim no step belongs to those traces.
+        refuse_unsupported(
+            {"trace_ids": request.query_params.getlist("trace_ids")},
+            {"trace_ids": "steps carry no trace ids on this server yet (they come with tracing)"},
+        )
         filters = {k: v for k, v in query.validated_data.items() if v not in (None, "")}
         qs = agent_selectors.step_list(
             actor=self.actor, tags=request.query_params.getlist("tags") or None, **filters
