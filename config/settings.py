@@ -382,6 +382,8 @@ OUTBOUND_ALLOW = env.list("OUTBOUND_ALLOW", default=[])
 
 # MCP ----------------------------------------------------------------------------------------------------
 MCP_LIST_TOOLS_TIMEOUT = env.float("MCP_LIST_TOOLS_TIMEOUT", default=30.0)
+# Adding a server waits this long for its tool list; a slower one is finished by a worker (sync_status).
+MCP_REGISTER_INLINE_SECONDS = env.float("MCP_REGISTER_INLINE_SECONDS", default=2.0)
 MCP_CALL_TOOL_TIMEOUT = env.float("MCP_CALL_TOOL_TIMEOUT", default=60.0)
 # The only commands a stdio MCP server may have (exact match, e.g. npx,uvx,/usr/bin/python3); empty: no
 # stdio servers at all. A tenant chooses among them, never a command of its own, and every one runs in

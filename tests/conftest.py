@@ -14,6 +14,7 @@ from apps.agents.models import Agent
 from apps.agents.services import BlockSpec, MessageIn, agent_create, agent_send_message
 from apps.core.actor import Actor, Role
 from tests.factories import MembershipFactory, OrganizationFactory, UserFactory
+from tests.support.mcp_server import stdio_launch
 from tests.support.scripted_llm import ScriptedLLM, ScriptedLLMServer
 from tests.support.workers import WorkerProcess, worker_env
 
@@ -111,7 +112,15 @@ def celery_worker(
     """A real Celery worker process on the test database, calling the scripted LLM. Tests that use it
     need committed data: mark them `@pytest.mark.django_db(transaction=True)`."""
     log_dir = Path(tmp_path_factory.mktemp("workers"))
-    worker = WorkerProcess("worker-a", worker_env(scripted_server.url), log_dir, concurrency=2).wait_ready()
+    # The test MCP server may run in the worker's jail (registrations it finishes, agents' MCP tools).
+    mcp = stdio_launch()
+    env = worker_env(
+        scripted_server.url,
+        MCP_STDIO_COMMANDS=mcp.command,
+        MCP_STDIO_READ_PATHS=",".join(mcp.read_paths),
+        MCP_LIST_TOOLS_TIMEOUT="8",
+    )
+    worker = WorkerProcess("worker-a", env, log_dir, concurrency=2).wait_ready()
     yield worker
     worker.stop()
 

@@ -41,6 +41,7 @@ import httpx2
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 from mcp import Client
 from mcp.client import Transport
 from mcp.client.sse import sse_client
@@ -85,6 +86,12 @@ def list_tools_timeout() -> float:
     return float(getattr(settings, "MCP_LIST_TOOLS_TIMEOUT", DEFAULT_LIST_TOOLS_TIMEOUT))
 
 
+def register_inline_seconds() -> float:
+    """How long adding a server waits for its tool list before the request answers and a worker goes on
+    waiting (MCP_REGISTER_INLINE_SECONDS): a slow or silent server never holds the request."""
+    return min(float(getattr(settings, "MCP_REGISTER_INLINE_SECONDS", 2.0)), list_tools_timeout())
+
+
 def call_tool_timeout() -> float:
     return float(getattr(settings, "MCP_CALL_TOOL_TIMEOUT", DEFAULT_CALL_TOOL_TIMEOUT))
 
@@ -113,9 +120,10 @@ class McpServerError(DomainError):
 
     code = "mcp_server_error"
 
-    def __init__(self, message: str, *, stderr_tail: str = "") -> None:
+    def __init__(self, message: str, *, stderr_tail: str = "", timed_out: bool = False) -> None:
         super().__init__(message)
         self.stderr_tail = stderr_tail
+        self.timed_out = timed_out
 
 
 class McpToolNameConflict(Conflict):
@@ -241,7 +249,7 @@ def _run_sync(operation: Callable[[], Awaitable[T]], *, timeout: float) -> T:
     thread.start()
     thread.join(timeout + SHUTDOWN_GRACE)
     if thread.is_alive():
-        raise McpServerError(f"the MCP server did not finish within {timeout:g} s")
+        raise McpServerError(f"the MCP server did not finish within {timeout:g} s", timed_out=True)
     if "error" in outcome:
         raise outcome["error"]
     return cast(T, outcome["value"])
@@ -264,7 +272,10 @@ async def _with_client(target: McpTarget, seconds: float, work: Callable[[Client
     except Exception as exc:
         # The boundary to another process or host: the SDK raises OS, HTTP, protocol and validation
         # errors, often wrapped in exception groups. Each becomes one readable McpServerError.
-        raise McpServerError(_describe_failure(exc, target, seconds), stderr_tail=_tail(errlog)) from exc
+        timed_out = any(isinstance(leaf, TimeoutError) for leaf in _leaves(exc))
+        raise McpServerError(
+            _describe_failure(exc, target, seconds), stderr_tail=_tail(errlog), timed_out=timed_out
+        ) from exc
     finally:
         if errlog is not None:
             errlog.close()
@@ -584,6 +595,7 @@ class SyncSummary:
     skipped: list[dict[str, str]] = field(default_factory=list)
     added_tools: list[Tool] = field(default_factory=list)
     error: str | None = None
+    timed_out: bool = False
 
 
 def mcp_server_create(
@@ -627,7 +639,28 @@ def mcp_server_create(
         raise Conflict(f"MCP server with name '{server.server_name}' already exists") from exc
     if not register_tools:
         return server, None
-    return server, mcp_server_sync_tools(actor=actor, server=server, prune=False, raise_errors=False)
+    summary = mcp_server_sync_tools(
+        actor=actor, server=server, prune=False, raise_errors=False, timeout=register_inline_seconds()
+    )
+    if summary.timed_out and register_inline_seconds() < list_tools_timeout():
+        # The rest of the wait is a worker's: the server is stored, its tools come when it answers.
+        _record_sync(server, status="syncing", error="")
+        transaction.on_commit(lambda: _enqueue_sync(actor.organization_id, server.id))
+        summary.error = None
+    return server, summary
+
+
+def _enqueue_sync(organization_id: str, server_id: str) -> None:
+    from apps.tools.tasks import sync_mcp_server_tools
+
+    sync_mcp_server_tools.delay(organization_id, server_id)
+
+
+def _record_sync(server: MCPServer, *, status: str, error: str) -> None:
+    server.sync_status, server.sync_error, server.synced_at = status, error, timezone.now()
+    MCPServer.objects.for_org(server.organization_id).filter(id=server.id).update(
+        sync_status=status, sync_error=error, synced_at=server.synced_at
+    )
 
 
 _CONFIG_FIELDS = ("command", "args", "env", "server_url", "auth_header", "auth_token", "custom_headers")
@@ -718,19 +751,27 @@ def mcp_server_delete(*, actor: Actor, server_id: str) -> None:
 
 
 def mcp_server_sync_tools(
-    *, actor: Actor, server: MCPServer, prune: bool = True, raise_errors: bool = True
+    *,
+    actor: Actor,
+    server: MCPServer,
+    prune: bool = True,
+    raise_errors: bool = True,
+    timeout: float | None = None,
 ) -> SyncSummary:
     """Fetch the server's tools and make the Tool rows match: add new ones, update changed schemas and,
     with `prune`, delete tools the server no longer lists (Letta's refresh). Tools whose name is taken
     by another tool, or that cannot be a function, are skipped and said so.
 
-    The network call happens before any transaction. Owners and admins only. Raises McpServerError
-    (unless `raise_errors` is False: the summary's `error` says it), InvalidInput, PermissionDenied.
+    The network call happens before any transaction; the outcome is recorded on the server
+    (sync_status, sync_error, synced_at). Owners and admins only. Raises McpServerError (unless
+    `raise_errors` is False: the summary's `error` says it), InvalidInput, PermissionDenied.
     """
     _require_manager(actor)
     try:
-        remote = fetch_tools(mcp_target(server=server))
+        remote = fetch_tools(mcp_target(server=server), timeout=timeout)
     except (McpServerError, InvalidInput) as exc:
+        timed_out = isinstance(exc, McpServerError) and exc.timed_out
+        _record_sync(server, status="error", error=exc.message)
         if raise_errors:
             raise
         logger.warning(
@@ -741,7 +782,7 @@ def mcp_server_sync_tools(
                 "stderr": getattr(exc, "stderr_tail", ""),
             },
         )
-        return SyncSummary(error=exc.message)
+        return SyncSummary(error=exc.message, timed_out=timed_out)
     summary = SyncSummary()
     with transaction.atomic():
         for spec in remote:
@@ -763,6 +804,7 @@ def mcp_server_sync_tools(
                 if mcp_metadata(tool).get("tool_name", tool.name) not in listed:
                     summary.deleted.append(tool.name)
                     tool.delete()
+        _record_sync(server, status="ok", error="")
     return summary
 
 

@@ -95,6 +95,15 @@ class MCPServer(OrgOwnedModel):
     custom_headers_json = EncryptedTextField(
         blank=True, default="", help_text='HTTP only: extra headers as a JSON object {"Name": "value"}'
     )
+    # The last registration of its tools: "syncing" while a worker still waits for a slow server.
+    sync_status = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        choices=[("syncing", "Syncing"), ("ok", "OK"), ("error", "Error")],
+    )
+    sync_error = models.TextField(blank=True, default="")
+    synced_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["server_name"]

@@ -93,6 +93,9 @@ def test_create_a_stdio_server_registers_its_tools_and_hides_env_values(actor, a
         "env": {"API_KEY": None},
         "created_at": data["created_at"],
         "updated_at": data["updated_at"],
+        "sync_status": "ok",
+        "sync_error": "",
+        "synced_at": data["synced_at"],
     }
     assert server.id.startswith("mcp_server-")
     assert server.env == {"API_KEY": "k-123"}
@@ -117,7 +120,9 @@ def test_create_an_http_server_never_returns_its_token_or_header_values(actor, a
 
     data = response.json()
     assert response.status_code == 200
-    assert {key: data[key] for key in data if key not in ("id", "created_at", "updated_at")} == {
+    assert {key: data[key] for key in data if key not in ("id", "created_at", "updated_at", "synced_at")} == {
+        "sync_status": "error",  # nothing listens on the discard port
+        "sync_error": "cannot reach the MCP server (http://127.0.0.1:9)",
         "server_name": "remote",
         "mcp_server_type": "streamable_http",
         "server_url": "http://127.0.0.1:9/mcp",

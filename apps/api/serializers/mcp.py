@@ -111,6 +111,10 @@ class McpServerOut(serializers.Serializer):
     custom_headers = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    # Ours (Letta registers inline): how the registration of its tools went.
+    sync_status = serializers.CharField(allow_blank=True)
+    sync_error = serializers.CharField(allow_blank=True)
+    synced_at = serializers.DateTimeField(allow_null=True)
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "string", "nullable": True}})
     def get_env(self, server: MCPServer) -> dict[str, None]:
