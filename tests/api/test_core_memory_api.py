@@ -5,6 +5,7 @@ import pytest
 from apps.agents.services import BlockSpec, agent_create
 from apps.memory.models import AgentBlock, Block, BlockHistory
 from tests.factories import BlockFactory
+from tests.support.scripted_llm import text
 
 
 @pytest.fixture
@@ -221,3 +222,29 @@ def test_another_organisation_cannot_attach_my_block_to_its_agent(
 
     assert response.status_code == 404
     assert not AgentBlock.objects.filter(agent=theirs).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_through_one_agent_is_what_every_agent_sharing_the_block_sees_next(
+    actor, api_client_for, llm, celery_worker
+):  # type: ignore[no-untyped-def]
+    shared = BlockFactory(organization_id=actor.organization_id, label="team", value="Sprint 1", limit=200)
+    first, second = (
+        agent_create(actor=actor, name=name, model="openai/gpt-4o-mini", block_ids=[shared.id])
+        for name in ("first", "second")
+    )
+    client = api_client_for(actor)
+
+    edited = client.patch(
+        f"/v1/agents/{first.id}/core-memory/blocks/team", {"value": "Sprint 2"}, format="json"
+    )
+    llm.push(text("Noted."))
+    sent = client.post(
+        f"/v1/agents/{second.id}/messages", {"messages": [{"role": "user", "content": "hi"}]}, format="json"
+    )
+
+    assert (edited.status_code, sent.status_code) == (200, 200)
+    system = llm.last_chat_request()["messages"][0]["content"]
+    assert "Sprint 2" in system
+    assert "Sprint 1" not in system
+    assert client.get(f"/v1/agents/{second.id}/core-memory/blocks/team").json()["value"] == "Sprint 2"
