@@ -875,3 +875,20 @@ def test_the_import_path_is_not_taken_for_an_agent_id(path):
         view_class = None
 
     assert view_class is not AgentDetailApi
+
+
+def test_a_sleeptime_agents_primary_shows_its_sleeptime_group(actor, api_client_for):
+    client = api_client_for(actor)
+    agent = client.post(
+        "/v1/agents/", {"name": "Main", "model": "openai/gpt-4o-mini", "enable_sleeptime": True}, format="json"
+    ).json()
+    plain = client.post("/v1/agents/", {"name": "Plain", "model": "openai/gpt-4o-mini"}, format="json").json()
+    sleeptime_id = Agent.objects.for_actor(actor).get(id=agent["id"]).sleeptime_agent_id
+
+    group = agent["managed_group"]
+
+    assert group["manager_type"] == "sleeptime"
+    assert (group["manager_agent_id"], group["agent_ids"]) == (agent["id"], [sleeptime_id])
+    assert agent["multi_agent_group"] == group
+    assert client.get(f"/v1/agents/{agent['id']}").json()["managed_group"]["id"] == group["id"]
+    assert (plain["managed_group"], plain["multi_agent_group"]) == (None, None)

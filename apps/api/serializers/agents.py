@@ -6,6 +6,7 @@ a list costs the same number of queries whatever its length.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -129,6 +130,36 @@ def model_settings(agent: Agent, info: agent_selectors.ChatModelInfo | None) -> 
     }
 
 
+SLEEPTIME_GROUP_NAMESPACE = uuid.UUID("6f0d2b4e-3c1a-4f7e-9a51-2d8c7b0e9f13")
+
+
+def sleeptime_group(agent: Agent) -> dict[str, Any] | None:
+    """Letta's sleeptime Group of a primary agent (manager: the primary; member: its sleeptime agent),
+    drawn from the agent's own columns; its id is stable for the agent. None without sleeptime."""
+    if not agent.sleeptime_agent_id:
+        return None
+    return {
+        "id": f"group-{uuid.uuid5(SLEEPTIME_GROUP_NAMESPACE, agent.id)}",
+        "manager_type": "sleeptime",
+        "agent_ids": [agent.sleeptime_agent_id],
+        "description": f"Sleeptime memory management for {agent.name}",
+        "project_id": None,
+        "template_id": None,
+        "base_template_id": None,
+        "deployment_id": None,
+        "shared_block_ids": [],
+        "manager_agent_id": agent.id,
+        "termination_token": None,
+        "max_turns": None,
+        "sleeptime_agent_frequency": agent.sleeptime_agent_frequency,
+        "turns_counter": agent.sleeptime_turns_counter,
+        "last_processed_message_id": None,
+        "max_message_buffer_length": None,
+        "min_message_buffer_length": None,
+        "hidden": False,
+    }
+
+
 class AgentStateOut(serializers.Serializer):
     """Letta's AgentState. Relationships are always included (a superset of what `include[]` asks for)."""
 
@@ -236,12 +267,12 @@ class AgentStateOut(serializers.Serializer):
         return []
 
     @extend_schema_field(serializers.DictField(allow_null=True))
-    def get_managed_group(self, agent: Agent) -> None:
-        return None
+    def get_managed_group(self, agent: Agent) -> dict[str, Any] | None:
+        return sleeptime_group(agent)
 
     @extend_schema_field(serializers.DictField(allow_null=True))
-    def get_multi_agent_group(self, agent: Agent) -> None:
-        return None
+    def get_multi_agent_group(self, agent: Agent) -> dict[str, Any] | None:
+        return sleeptime_group(agent)  # Letta's deprecated name for managed_group
 
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_pending_approval(self, agent: Agent) -> None:
