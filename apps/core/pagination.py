@@ -40,27 +40,28 @@ class PageParams:
         )
 
 
-def _cursor_filter(qs: QuerySet, cursor_id: str, *, forward: bool) -> Q | None:
+def _cursor_filter(qs: QuerySet, cursor_id: str, *, forward: bool, key: str) -> Q | None:
     """Looked up in the listing's own (scoped) queryset: a cursor the caller cannot see is unknown, so a
     page never tells whether another organisation's id exists."""
-    row = qs.filter(id=cursor_id).order_by().values("created_at", "id").first()
+    row = qs.filter(id=cursor_id).order_by().values(key, "id").first()
     if row is None:
         return None
-    if forward:
-        return Q(created_at__gt=row["created_at"]) | Q(created_at=row["created_at"], id__gt=row["id"])
-    return Q(created_at__lt=row["created_at"]) | Q(created_at=row["created_at"], id__lt=row["id"])
+    after = "gt" if forward else "lt"
+    return Q(**{f"{key}__{after}": row[key]}) | Q(**{key: row[key], f"id__{after}": row["id"]})
 
 
-def paginate(qs: QuerySet, page: PageParams) -> list:
-    """Apply the cursors and limit. An unknown cursor id yields an empty page rather than restarting."""
+def paginate(qs: QuerySet, page: PageParams, *, key: str = "created_at") -> list:
+    """Apply the cursors and limit, ordered by `key` then id (`key` must never be NULL: annotate a
+    nullable column with a Coalesce first). An unknown cursor id yields an empty page rather than
+    restarting."""
     ascending = page.order == "asc"
     for cursor, later in ((page.after, True), (page.before, False)):
         if cursor is None:
             continue
         # "after" means later in the chosen order: newer when ascending, older when descending.
-        condition = _cursor_filter(qs, cursor, forward=later == ascending)
+        condition = _cursor_filter(qs, cursor, forward=later == ascending, key=key)
         if condition is None:
             return []
         qs = qs.filter(condition)
-    ordering = ("created_at", "id") if ascending else ("-created_at", "-id")
+    ordering = (key, "id") if ascending else (f"-{key}", "-id")
     return list(qs.order_by(*ordering)[: page.limit])

@@ -18,10 +18,6 @@ from apps.memory.services import block_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WIRED_BY_THE_AGENT_AND_BLOCK_LISTS = (
-    "the list filter is wired in apps/api/views/agents.py and blocks.py with apps.identities.selectors"
-)
-
 
 @pytest.fixture(autouse=True)
 def _no_persistent_connections_in_server_threads() -> Iterator[None]:
@@ -108,7 +104,6 @@ def test_identity_crud_through_the_sdks_request_methods(live_server, actor):
     assert (count, deleted) == (1, None)
 
 
-@pytest.mark.xfail(strict=True, reason=WIRED_BY_THE_AGENT_AND_BLOCK_LISTS)
 def test_agents_list_filters_by_identity_through_the_sdk(live_server, actor):
     client = sdk_for(live_server, actor)
     sams, alexs = new_agent(actor, "Sams"), new_agent(actor, "Alexs")
@@ -127,7 +122,6 @@ def test_agents_list_filters_by_identity_through_the_sdk(live_server, actor):
     assert sorted(a.name for a in by_keys) == ["Alexs", "Sams"]
 
 
-@pytest.mark.xfail(strict=True, reason=WIRED_BY_THE_AGENT_AND_BLOCK_LISTS)
 def test_blocks_list_filters_by_identity_through_the_sdk(live_server, actor):
     client = sdk_for(live_server, actor)
     mine = block_create(actor=actor, label="preferences", value="likes tea", limit=100)

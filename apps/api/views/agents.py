@@ -3,8 +3,11 @@ agents' services and selectors."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+from django.db.models import QuerySet, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse
 from django.urls import re_path
 from drf_spectacular.plumbing import build_array_type, build_basic_type
@@ -16,12 +19,15 @@ from rest_framework.response import Response
 
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
-from apps.agents.models import StopReason
+from apps.agents.models import Agent, StopReason
 from apps.api.base import OrgApiView
 from apps.api.serializers import agents as s
 from apps.api.serializers.common import BlockOut, BlockUpdateIn
+from apps.api.serializers.strict import CLOUD_ONLY, refuse_unsupported
 from apps.api.serializers.tools import AgentToolRunIn, AgentToolRunOut, ToolResponse
+from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
+from apps.identities import selectors as identity_selectors
 
 AGENT_TOOLS_DEFAULT_LIMIT = 10  # Letta's default for GET /v1/agents/{id}/tools
 AGENT_BLOCKS_DEFAULT_LIMIT = 100  # Letta's default for GET /v1/agents/{id}/core-memory/blocks
@@ -38,6 +44,15 @@ def json_null() -> HttpResponse:
     return HttpResponse(b"null", content_type="application/json")
 
 
+NEVER = datetime(1970, 1, 1, tzinfo=UTC)  # the last_run_completion of an agent that never ran, for ordering
+AGENT_ORDER_KEYS = {
+    "created_at": "created_at",
+    "updated_at": "updated_at",
+    "last_run_completion": "run_order",
+}
+"""Letta's order_by values and the column each pages by (agents that never ran come first, ascending)."""
+
+
 class AgentListQueryIn(serializers.Serializer):
     name = serializers.CharField(required=False)
     query_text = serializers.CharField(required=False)
@@ -45,6 +60,40 @@ class AgentListQueryIn(serializers.Serializer):
     created_by_id = serializers.CharField(required=False)
     last_stop_reason = serializers.ChoiceField(choices=[r.value for r in StopReason], required=False)
     ascending = serializers.BooleanField(required=False)
+    identity_id = serializers.CharField(required=False)
+    order_by = serializers.ChoiceField(choices=list(AGENT_ORDER_KEYS), required=False)
+    sort_by = serializers.ChoiceField(choices=list(AGENT_ORDER_KEYS), required=False)  # deprecated order_by
+    project_id = serializers.CharField(required=False)
+    template_id = serializers.CharField(required=False)
+    base_template_id = serializers.CharField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unsupported(
+            attrs, {key: CLOUD_ONLY for key in ("project_id", "template_id", "base_template_id")}
+        )
+        return attrs
+
+
+def _agent_list(actor: Actor, request: Request) -> tuple[QuerySet[Agent], str]:
+    """The agents a list or count request selects, and the column its pages are ordered by."""
+    query = AgentListQueryIn(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    params = query.validated_data
+    filters = {
+        key: params[key]
+        for key in ("name", "query_text", "match_all_tags", "created_by_id", "last_stop_reason")
+        if key in params
+    }
+    qs = agent_selectors.agent_state_list(actor=actor, tags=request.query_params.getlist("tags"), **filters)
+    qs = identity_selectors.filter_agents_by_identity(
+        qs,
+        identity_id=params.get("identity_id"),
+        identifier_keys=request.query_params.getlist("identifier_keys"),
+    )
+    key = AGENT_ORDER_KEYS[params.get("order_by") or params.get("sort_by") or "created_at"]
+    if key == "run_order":
+        qs = qs.annotate(run_order=Coalesce("last_run_completion", Value(NEVER)))
+    return qs, key
 
 
 def _page_params(request: Request, *, default_limit: int = 50) -> PageParams:
@@ -58,17 +107,16 @@ def _page_params(request: Request, *, default_limit: int = 50) -> PageParams:
 class AgentListCreateApi(OrgApiView):
     @extend_schema(
         operation_id="list_agents",
-        parameters=[AgentListQueryIn, OpenApiParameter("tags", str, many=True)],
+        parameters=[
+            AgentListQueryIn,
+            OpenApiParameter("tags", str, many=True),
+            OpenApiParameter("identifier_keys", str, many=True),
+        ],
         responses=s.AgentStateOut(many=True),
     )
     def get(self, request: Request) -> Response:
-        query = AgentListQueryIn(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        filters = {k: v for k, v in query.validated_data.items() if k != "ascending"}
-        qs = agent_selectors.agent_state_list(
-            actor=self.actor, tags=request.query_params.getlist("tags"), **filters
-        )
-        page = paginate(qs, _page_params(request))
+        qs, key = _agent_list(self.actor, request)
+        page = paginate(qs, _page_params(request), key=key)
         return Response(s.agent_states(page, actor=self.actor))
 
     @extend_schema(operation_id="create_agent", request=s.AgentCreateIn, responses=s.AgentStateOut)
@@ -86,17 +134,16 @@ class AgentListCreateApi(OrgApiView):
 class AgentCountApi(OrgApiView):
     @extend_schema(
         operation_id="count_agents",
-        parameters=[AgentListQueryIn, OpenApiParameter("tags", str, many=True)],
+        parameters=[
+            AgentListQueryIn,
+            OpenApiParameter("tags", str, many=True),
+            OpenApiParameter("identifier_keys", str, many=True),
+        ],
         responses={200: OpenApiTypes.INT},
     )
     def get(self, request: Request) -> Response:
         """How many agents the list would show with the same filters (Letta's count_agents)."""
-        query = AgentListQueryIn(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        filters = {k: v for k, v in query.validated_data.items() if k != "ascending"}
-        qs = agent_selectors.agent_state_list(
-            actor=self.actor, tags=request.query_params.getlist("tags"), **filters
-        )
+        qs, _key = _agent_list(self.actor, request)
         return Response(qs.count())
 
 

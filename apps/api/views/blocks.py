@@ -7,6 +7,7 @@ import logging
 import redis
 from django.conf import settings
 from django.db import connection
+from django.db.models import QuerySet
 from django.db.utils import Error as DatabaseError
 from django.urls import re_path
 from drf_spectacular.types import OpenApiTypes
@@ -22,9 +23,12 @@ from apps.api.base import OrgApiView
 from apps.api.serializers import agents as agent_s
 from apps.api.serializers import blocks as block_s
 from apps.api.serializers import common as s
+from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
+from apps.identities import selectors as identity_selectors
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
+from apps.memory.models import Block
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +105,32 @@ class ReadyApi(APIView):
         return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE)
 
 
+REPEATED_BLOCK_FILTERS = [
+    OpenApiParameter("tags", str, many=True),
+    OpenApiParameter("identifier_keys", str, many=True),
+    OpenApiParameter("connected_to_agents_count_eq", int, many=True),
+]
+
+
+def _filtered_blocks(actor: Actor, request: Request) -> QuerySet[Block]:
+    filters = block_s.block_filters(request.query_params)
+    qs = memory_selectors.block_list(
+        actor=actor, label=filters.pop("label", None), templates_only=bool(filters.pop("templates_only"))
+    )
+    qs = identity_selectors.filter_blocks_by_identity(
+        qs, identity_id=filters.pop("identity_id", None), identifier_keys=filters.pop("identifier_keys")
+    )
+    return memory_selectors.block_filter(qs, **filters)
+
+
 class BlockListCreateApi(OrgApiView):
-    @extend_schema(operation_id="list_blocks", responses=s.BlockOut(many=True))
+    @extend_schema(
+        operation_id="list_blocks",
+        parameters=[block_s.BlockListQueryIn, *REPEATED_BLOCK_FILTERS],
+        responses=s.BlockOut(many=True),
+    )
     def get(self, request: Request) -> Response:
-        label = request.query_params.get("label")
-        templates_only = request.query_params.get("templates_only") == "true"
-        qs = memory_selectors.block_list(actor=self.actor, label=label, templates_only=templates_only)
+        qs = _filtered_blocks(self.actor, request)
         page = paginate(qs, PageParams.from_query(request.query_params))
         return Response(s.BlockOut(page, many=True).data)
 
@@ -122,23 +146,12 @@ class BlockListCreateApi(OrgApiView):
 class BlockCountApi(OrgApiView):
     @extend_schema(
         operation_id="count_blocks",
-        parameters=[block_s.BlockCountQueryIn, OpenApiParameter("tags", str, many=True)],
+        parameters=[block_s.BlockListQueryIn, *REPEATED_BLOCK_FILTERS],
         responses={200: OpenApiTypes.INT},
     )
     def get(self, request: Request) -> Response:
-        """How many blocks match Letta's list filters (`name` is the template name)."""
-        query = block_s.BlockCountQueryIn(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        params = query.validated_data
-        qs = memory_selectors.block_list(
-            actor=self.actor, label=params.get("label"), templates_only=params["templates_only"]
-        )
-        if params.get("name"):
-            qs = qs.filter(template_name=params["name"])
-        tags = request.query_params.getlist("tags")
-        if tags:
-            qs = qs.filter(tags__contains=tags) if params["match_all_tags"] else qs.filter(tags__overlap=tags)
-        return Response(qs.count())
+        """How many blocks the list would show with the same filters."""
+        return Response(_filtered_blocks(self.actor, request).count())
 
 
 class BlockAgentListApi(OrgApiView):
