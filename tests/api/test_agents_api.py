@@ -880,7 +880,9 @@ def test_the_import_path_is_not_taken_for_an_agent_id(path):
 def test_a_sleeptime_agents_primary_shows_its_sleeptime_group(actor, api_client_for):
     client = api_client_for(actor)
     agent = client.post(
-        "/v1/agents/", {"name": "Main", "model": "openai/gpt-4o-mini", "enable_sleeptime": True}, format="json"
+        "/v1/agents/",
+        {"name": "Main", "model": "openai/gpt-4o-mini", "enable_sleeptime": True},
+        format="json",
     ).json()
     plain = client.post("/v1/agents/", {"name": "Plain", "model": "openai/gpt-4o-mini"}, format="json").json()
     sleeptime_id = Agent.objects.for_actor(actor).get(id=agent["id"]).sleeptime_agent_id
