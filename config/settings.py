@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "apps.tools",
     "apps.agents",
     "apps.identities",
+    "apps.folders",
     "apps.streams",
     "apps.api",
     "apps.ade",
@@ -267,6 +268,12 @@ JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
 # The most steps (LLM calls) one run may take, the largest `max_steps` a request may ask for (Letta's
 # default is 50); an organisation's own limit (Organization.max_steps_limit, in the admin) replaces it.
 MAX_STEPS_LIMIT = env.int("MAX_STEPS_LIMIT", default=100)
+# Folders (apps/folders): the largest file an upload may be (larger: 413, before it is read), what all of an
+# organisation's files may add up to (0: no quota; past it: 413), and how long parsing one file may take (it
+# runs in a child process with a memory limit, killed at the deadline; the file then reports why).
+FOLDER_FILE_MAX_BYTES = env.int("FOLDER_FILE_MAX_BYTES", default=25 * 1024 * 1024)
+FOLDER_STORAGE_QUOTA_BYTES = env.int("FOLDER_STORAGE_QUOTA_BYTES", default=1024 * 1024 * 1024)
+FOLDER_PARSE_TIMEOUT = env.float("FOLDER_PARSE_TIMEOUT", default=60.0)
 # End of Request bounds ----------------------------------------------------------------------------
 
 # Throttling ---------------------------------------------------------------------------------------

@@ -357,3 +357,15 @@ def _not_built_yet(name: str) -> Handler:
 
 for _name in BUILTIN_TOOLS:
     _HANDLERS.setdefault(_name, _not_built_yet(_name))
+
+
+# --- Built-ins implemented by apps above this one (folders: the file tools) --------------------------------
+
+
+def register_builtin(name: str, handler: Handler) -> None:
+    """Run built-in tool `name` with `handler` (replacing its not-built-yet placeholder). For apps this one
+    must not import, from their AppConfig.ready: apps.folders registers open_files, grep_files and
+    semantic_search_files."""
+    if name not in BUILTIN_TOOLS:
+        raise ValueError(f"'{name}' is not a Letta built-in tool")
+    _HANDLERS[name] = handler

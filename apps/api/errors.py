@@ -19,6 +19,7 @@ from apps.agents.agent_file import AgentFileTooLarge
 from apps.agents.errors import PendingApproval
 from apps.agents.services import MaxStepsExceeded
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.folders.errors import FileTooLarge, UnsupportedFileType
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ STATUS_FOR: dict[type[DomainError], int] = {
     PermissionDenied: status.HTTP_403_FORBIDDEN,
     AgentFileTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     MaxStepsExceeded: status.HTTP_422_UNPROCESSABLE_ENTITY,  # a request field out of range, as Letta's 422s
+    FileTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # FOLDER_FILE_MAX_BYTES, FOLDER_STORAGE_QUOTA_BYTES
+    UnsupportedFileType: status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,  # as Letta
 }
 
 

@@ -17,6 +17,7 @@ from apps.api.views import (
     chat,
     cloud_only,
     conversations,
+    folders,
     identities,
     mcp,
     message_search,
@@ -35,6 +36,7 @@ urlpatterns = [
     *mcp.urlpatterns,
     *archival.urlpatterns,
     *blocks.urlpatterns,
+    *folders.urlpatterns,  # before agents: /v1/agents/{agent_id}/folders|sources|files...
     *agents.urlpatterns,
     *models.urlpatterns,
     *message_search.urlpatterns,

@@ -61,6 +61,35 @@ def populated(actor, org, user):
         agent_ids=[agent.id],
         block_ids=[block.id],
     )
+    from apps.folders.models import AgentFile, AgentFileSettings, FileChunk, FileContent, FileMetadata, Folder
+
+    folder = Folder.all_objects.create(
+        organization=org, name="handbook", embedding="openai/text-embedding-3-small"
+    )
+    file = FileMetadata.all_objects.create(
+        organization=org,
+        folder=folder,
+        file_name="notes.txt",
+        original_file_name="notes.txt",
+        file_type="text/plain",
+        file_size=5,
+        processing_status="completed",
+    )
+    FileContent.all_objects.create(organization=org, file=file, text="hello")
+    FileChunk.all_objects.create(
+        organization=org,
+        file=file,
+        folder=folder,
+        chunk_index=0,
+        text="hello",
+        embedding=[0.1] * 384,
+        embedding_dim=384,
+    )
+    folder.agents.add(agent)
+    AgentFile.all_objects.create(
+        organization=org, agent=agent, file=file, folder=folder, file_name="handbook/notes.txt", is_open=True
+    )
+    AgentFileSettings.all_objects.create(organization=org, agent=agent, max_files_open=3)
     return agent
 
 

@@ -19,6 +19,12 @@ BASE = {"name": "fields", "model": "openai/gpt-4o-mini", "include_base_tools": F
 Check = Callable[[Agent], bool]
 
 
+def _file_limits(agent: Agent) -> Any:
+    from apps.folders.selectors import agent_file_limits
+
+    return agent_file_limits(agent)
+
+
 def _stored(agent: Agent) -> Agent:
     return Agent.objects.unscoped().get(id=agent.id)
 
@@ -80,18 +86,16 @@ HONOURED_ON_CREATE: dict[str, tuple[Any, Check | None]] = {
     "timezone": ("Europe/Paris", lambda a: a.timezone == "Europe/Paris"),
     "hidden": (True, lambda a: a.hidden),
     "parallel_tool_calls": (True, lambda a: a.parallel_tool_calls),
+    "max_files_open": (3, lambda a: _file_limits(a).max_files_open == 3),
+    "per_file_view_window_char_limit": (1000, lambda a: _file_limits(a).per_file_char_limit == 1000),
     **{name: ("anything" if name != "embedding_chunk_size" else 300, None) for name in NO_LONGER_USED},
 }
+FOLDER_FIELDS = {"folder_ids", "source_ids", "include_default_source"}
 BODY_FOR = {  # what else a field needs to show its effect
     "llm_config": {"model": None},  # an explicit handle would win
     "include_base_tool_rules": {"include_base_tools": True},  # rules for the base tools
 }
 REFUSED_VALUES: dict[str, Any] = {
-    "source_ids": ["source-1"],
-    "folder_ids": ["source-1"],
-    "include_default_source": True,
-    "max_files_open": 5,
-    "per_file_view_window_char_limit": 1000,
     "identity_ids": ["identity-1"],
     "include_multi_agent_tools": True,
     "from_template": "t",
@@ -125,6 +129,7 @@ def owned(actor) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 def test_every_documented_create_field_is_covered() -> None:
     covered = set(HONOURED_ON_CREATE) | set(CREATE_UNSUPPORTED) | {"tool_ids", "block_ids", "tool_rules"}
+    covered |= FOLDER_FIELDS  # they name folders: test_folders_at_creation_are_honoured
     assert covered == LETTA_CREATE_FIELDS
     assert set(REFUSED_VALUES) == set(CREATE_UNSUPPORTED)
 
@@ -219,3 +224,24 @@ def test_a_bad_message_in_the_initial_sequence_is_a_422_naming_it(actor, api_cli
     assert response.status_code == 422
     assert "initial_message_sequence[1]" in response.json()["detail"]
     assert not Agent.objects.for_actor(actor).exists()
+
+
+def test_folders_at_creation_are_honoured(actor, api_client_for, llm) -> None:  # type: ignore[no-untyped-def]
+    from apps.folders.selectors import attached_folders
+    from apps.folders.services import folder_create
+
+    first = folder_create(actor=actor, name="first", embedding_handle="openai/text-embedding-small-384")
+    second = folder_create(actor=actor, name="second", embedding_handle="openai/text-embedding-small-384")
+    body = {
+        **BASE,
+        "embedding": "openai/text-embedding-small-384",
+        "folder_ids": [first.id],
+        "source_ids": [second.id],
+        "include_default_source": True,
+    }
+
+    response = api_client_for(actor).post("/v1/agents/", body, format="json")
+
+    assert response.status_code == 200, response.content
+    names = [f.name for f in attached_folders(actor=actor, agent_id=response.json()["id"])]
+    assert names == ["first", "second", "fields External Data Source"]

@@ -309,7 +309,9 @@ def context_breakdown(
     return ContextBreakdown(
         context_window=context_window,
         system_prompt=count_tokens(sections.system_prompt.replace(CORE_MEMORY_PLACEHOLDER, "")),
-        memory_blocks=_count_if(sections.memory_blocks, count_tokens),
+        # Open files (`<directories>`) are Letta's file blocks: counted with the memory blocks.
+        memory_blocks=_count_if(sections.memory_blocks, count_tokens)
+        + _count_if(sections.directories, count_tokens),
         tool_rules=_count_if(sections.tool_rules, count_tokens),
         metadata=_count_if(sections.metadata, count_tokens),
         summary=summary,

@@ -99,10 +99,13 @@ class SystemSections:
     memory_blocks: str
     tool_rules: str
     metadata: str
+    directories: str = ""  # Letta's `<directories>`: attached folders and open files (apps.folders)
 
     def memory_text(self) -> str:
-        """Everything below the instructions: blocks, tool rules, metadata, separated by blank lines."""
-        return "\n\n".join(part for part in (self.memory_blocks, self.tool_rules, self.metadata) if part)
+        """Everything below the instructions: blocks, tool rules, directories, metadata, separated by blank
+        lines."""
+        parts = (self.memory_blocks, self.tool_rules, self.directories, self.metadata)
+        return "\n\n".join(part for part in parts if part)
 
     def render(self) -> str:
         """The full system message; `{CORE_MEMORY}` in the prompt is replaced, else memory is appended."""
@@ -122,8 +125,10 @@ def compile_system_sections(
     show_line_numbers: bool,
     now: datetime,
     timezone: str,
+    directories: str = "",
 ) -> SystemSections:
-    """Render each section of the system message; see `compile_system_message`."""
+    """Render each section of the system message; see `compile_system_message`. `directories` comes
+    rendered (apps.folders renders Letta's `<directories>`)."""
     zone = _zone(timezone)
     if (agent_type or "").lower() in NO_CORE_MEMORY_AGENT_TYPES:
         memory_blocks = ""
@@ -134,6 +139,7 @@ def compile_system_sections(
         memory_blocks=memory_blocks,
         tool_rules=render_tool_rules(tool_rules_text),
         metadata=render_memory_metadata(stats, now=now, zone=zone),
+        directories=directories,
     )
 
 

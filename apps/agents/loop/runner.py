@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.agents import context_sections
 from apps.agents.custom_tools import run_custom_tool
 from apps.agents.locks import conversation_lock
 from apps.agents.loop import budget as budgeting
@@ -164,6 +165,8 @@ class LoopState:
     # check uses it instead of a query of its own.
     status_at_persist: str | None = None
     deadline: Deadline = field(default_factory=run_deadline)
+    # The `<directories>` section: attached folders and open files (apps.agents.context_sections).
+    directories: str = ""
 
 
 class StopRun(Exception):
@@ -524,6 +527,7 @@ def system_sections(state: LoopState) -> SystemSections:
         show_line_numbers=should_show_line_numbers(state.agent.agent_type, state.target.provider_type),
         now=timezone.now(),
         timezone=state.agent.timezone or "UTC",
+        directories=state.directories,
     )
 
 
@@ -922,6 +926,8 @@ def _run_tool_call(
         duration_ms=int((time.monotonic() - started) * 1000),
     )
     state.solver.record_call(name, result.return_value)
+    if context_sections.refreshes_directories(tool.tool_type):  # a file tool may open or close files
+        state.directories = context_sections.load_directories(state.actor, state.agent, [tool.tool_type])
     if result.memory_changed:
         state.blocks = _blocks_after_edit(state, edited_block)
         if name in ARCHIVAL_WRITE_TOOLS:
@@ -1180,6 +1186,7 @@ def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loo
         stats=_memory_stats(agent, actor, conversation, len(in_context), blocks),
         sink=sink,
         stream_tokens=bool(run.request_config.get("stream_tokens")),
+        directories=context_sections.load_directories(actor, agent, (t.tool_type for t in tools.values())),
     )
 
 

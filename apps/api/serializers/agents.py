@@ -20,7 +20,6 @@ from apps.api.serializers.common import BlockOut
 from apps.api.serializers.messages import _message_create
 from apps.api.serializers.strict import (
     CLOUD_ONLY,
-    FOLDERS_LATER,
     IDENTITIES_LATER,
     MULTI_AGENT_LATER,
     REASONING_IN_SETTINGS,
@@ -245,9 +244,23 @@ class AgentStateOut(serializers.Serializer):
             "agent_type": agent.agent_type,
         }
 
+    # --- folders (apps.folders): looked up once for every agent being rendered, then kept in the context.
+
+    def _files(self, agent: Agent) -> Any:
+        from apps.folders.selectors import files_of_agents
+
+        known: dict[str, Any] = self.context.setdefault("folders", {})
+        if agent.id not in known:
+            batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
+            agents = [*(list(batch) if batch is not None else []), agent]
+            known.update(files_of_agents(agents))
+        return known[agent.id]
+
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_sources(self, agent: Agent) -> list[Any]:
-        return []
+        from apps.api.serializers.folders import FolderOut
+
+        return list(FolderOut(self._files(agent).folders, many=True).data)
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
@@ -283,12 +296,12 @@ class AgentStateOut(serializers.Serializer):
         return agent.model_settings.get("response_format")
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
-    def get_max_files_open(self, agent: Agent) -> None:
-        return None
+    def get_max_files_open(self, agent: Agent) -> int:
+        return int(self._files(agent).limits.max_files_open)
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
-    def get_per_file_view_window_char_limit(self, agent: Agent) -> None:
-        return None
+    def get_per_file_view_window_char_limit(self, agent: Agent) -> int:
+        return int(self._files(agent).limits.per_file_char_limit)
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_last_stop_reason(self, agent: Agent) -> str | None:
@@ -419,11 +432,6 @@ def _config_handle(config: dict[str, Any], *, kind: str) -> str:
 
 
 CREATE_UNSUPPORTED = {
-    "source_ids": FOLDERS_LATER,
-    "folder_ids": FOLDERS_LATER,
-    "include_default_source": FOLDERS_LATER,
-    "max_files_open": FOLDERS_LATER,
-    "per_file_view_window_char_limit": FOLDERS_LATER,
     "identity_ids": IDENTITIES_LATER,
     "include_multi_agent_tools": MULTI_AGENT_LATER,
     "from_template": CLOUD_ONLY,
@@ -438,10 +446,6 @@ CREATE_UNSUPPORTED = {
 UPDATE_UNSUPPORTED = {
     key: CREATE_UNSUPPORTED[key]
     for key in (
-        "source_ids",
-        "folder_ids",
-        "max_files_open",
-        "per_file_view_window_char_limit",
         "identity_ids",
         "reasoning",
     )
@@ -450,9 +454,36 @@ NO_LONGER_USED = ("embedding_chunk_size", "project_id", "template_id", "base_tem
 """Fields Letta documents as "Deprecated: No longer used": accepted, and (as on Letta) without effect."""
 
 
+FILE_FIELDS = ("folder_ids", "source_ids", "max_files_open", "per_file_view_window_char_limit")
+"""CreateAgent/UpdateAgent fields the folders app honours (apps.folders.services.agent_configure_files),
+after the agent is created or updated: the agent services never see them."""
+
+
+def files_kwargs(data: dict[str, Any], *, create: bool) -> dict[str, Any]:
+    """Keyword arguments for apps.folders.services.agent_configure_files: folder_ids (source_ids, Letta's
+    deprecated name, joins them), the limits, include_default_source. A list names the agent's folders."""
+    ids = data.get("folder_ids"), data.get("source_ids")
+    folder_ids = None if ids == (None, None) else list(dict.fromkeys([*(ids[0] or []), *(ids[1] or [])]))
+    return {
+        "folder_ids": folder_ids if folder_ids or not create else None,
+        "max_files_open": data.get("max_files_open"),
+        "per_file_view_window_char_limit": data.get("per_file_view_window_char_limit"),
+        "include_default_source": bool(data.get("include_default_source")),
+    }
+
+
 class AgentCreateIn(serializers.Serializer):
     """Letta's CreateAgent. Deprecated aliases are folded into their replacements; what this server does
-    not serve is refused by name (CREATE_UNSUPPORTED); Letta's no-longer-used fields are accepted."""
+    not serve is refused by name (CREATE_UNSUPPORTED); Letta's no-longer-used fields are accepted. The file
+    fields (FILE_FIELDS, include_default_source) are for the folders app: `files_kwargs()`."""
+
+    folder_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    source_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    include_default_source = serializers.BooleanField(required=False, allow_null=True)
+    max_files_open = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1000)
+    per_file_view_window_char_limit = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=2**31 - 1
+    )
 
     name = serializers.CharField(required=False, allow_null=True)
     description = serializers.CharField(required=False, allow_blank=True, allow_null=True)
@@ -581,10 +612,20 @@ class AgentCreateIn(serializers.Serializer):
             "initial_messages": data.get("initial_messages"),
         }
 
+    def files_kwargs(self) -> dict[str, Any]:
+        return files_kwargs(self.validated_data, create=True)
+
 
 class AgentUpdateIn(serializers.Serializer):
-    """Letta's UpdateAgent. Absent = keep; null = clear (where clearing means something); lists replace."""
+    """Letta's UpdateAgent. Absent = keep; null = clear (where clearing means something); lists replace. The
+    file fields (FILE_FIELDS) are for the folders app: `files_kwargs()`."""
 
+    folder_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    source_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    max_files_open = serializers.IntegerField(allow_null=True, min_value=1, max_value=1000)
+    per_file_view_window_char_limit = serializers.IntegerField(
+        allow_null=True, min_value=1, max_value=2**31 - 1
+    )
     name = serializers.CharField()
     description = serializers.CharField(allow_blank=True, allow_null=True)
     system = serializers.CharField(allow_blank=True, allow_null=True, trim_whitespace=False)
@@ -657,4 +698,11 @@ class AgentUpdateIn(serializers.Serializer):
     def to_service_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for agents.services.agent_update: only what the request named."""
         renamed = {"secrets": "secrets_", "timezone": "timezone_name"}
-        return {renamed.get(key, key): value for key, value in self.validated_data.items()}
+        return {
+            renamed.get(key, key): value
+            for key, value in self.validated_data.items()
+            if key not in FILE_FIELDS
+        }
+
+    def files_kwargs(self) -> dict[str, Any]:
+        return files_kwargs(self.validated_data, create=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse
@@ -27,6 +28,7 @@ from apps.api.serializers.strict import CLOUD_ONLY, refuse_unsupported
 from apps.api.serializers.tools import AgentToolRunIn, AgentToolRunOut, ToolResponse
 from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
+from apps.folders import services as folder_services
 from apps.identities import selectors as identity_selectors
 
 AGENT_TOOLS_DEFAULT_LIMIT = 10  # Letta's default for GET /v1/agents/{id}/tools
@@ -123,7 +125,9 @@ class AgentListCreateApi(OrgApiView):
     def post(self, request: Request) -> Response:
         data = s.AgentCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        agent = agent_services.agent_create_with_settings(actor=self.actor, **data.to_service_kwargs())
+        with transaction.atomic():  # a folder that cannot be attached leaves no agent behind
+            agent = agent_services.agent_create_with_settings(actor=self.actor, **data.to_service_kwargs())
+            folder_services.agent_configure_files(actor=self.actor, agent_id=agent.id, **data.files_kwargs())
         return self._state(agent.id)
 
     def _state(self, agent_id: str) -> Response:
@@ -157,7 +161,9 @@ class AgentDetailApi(OrgApiView):
     def patch(self, request: Request, agent_id: str) -> Response:
         data = s.AgentUpdateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        agent_services.agent_update(actor=self.actor, agent_id=agent_id, **data.to_service_kwargs())
+        with transaction.atomic():
+            agent_services.agent_update(actor=self.actor, agent_id=agent_id, **data.to_service_kwargs())
+            folder_services.agent_configure_files(actor=self.actor, agent_id=agent_id, **data.files_kwargs())
         agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
         return Response(s.agent_state(agent, actor=self.actor))
 

@@ -1,0 +1,191 @@
+"""Ingestion of one uploaded file: parse (bounded, in a child process), chunk by tokens, embed in batches with
+the folder's model, then make the file live; the Celery task `folders.ingest_file` calls `ingest_file`.
+
+Status moves pending -> parsing -> embedding -> completed, or -> error with the reason, and each move is
+committed as it happens, so a client polling the file sees it. The claim (pending -> parsing) is a
+conditional update: a redelivered task finds the file claimed and leaves it. Chunks are written batch by
+batch as they are embedded (a large file's vectors never sit in memory together), but searches read only
+completed files, and a failure deletes the file's chunks, so a file is never half indexed. A replacement
+(duplicate_handling=replace) takes the place of the file it replaces in one transaction at the end: its
+agents' windows move to the new text, the old file and its chunks go. The provider is never called inside
+a transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from apps.agents.models import Agent
+from apps.core.actor import Actor
+from apps.core.errors import DomainError
+from apps.folders import rendering, selectors
+from apps.folders.models import AgentFile, FileChunk, FileContent, FileMetadata, FileStatus, Folder
+from apps.folders.parsing import ParseFailed, parse_bounded
+from apps.folders.services import attach_files
+from apps.llm.chunking import split_by_tokens
+from apps.llm.embeddings import embed
+from apps.memory.archival import embedding_target
+
+logger = logging.getLogger(__name__)
+
+
+class FileGone(Exception):
+    """The file was deleted while it was being ingested."""
+
+
+def ingest_file(file_id: str) -> None:
+    """Take a pending file to completed (or error). Idempotent: a file that is not pending is left alone."""
+    claimed = (
+        FileMetadata.objects.unscoped()
+        .filter(id=file_id, processing_status=FileStatus.PENDING)
+        .update(processing_status=FileStatus.PARSING)
+    )
+    if not claimed:
+        return
+    file = FileMetadata.objects.unscoped().select_related("folder").get(id=file_id)
+    actor = Actor.system(file.organization_id)
+    started = time.monotonic()
+    try:
+        _ingest(actor, file)
+    except FileGone:
+        return
+    except (ParseFailed, DomainError) as exc:
+        _fail(file, exc.reason if isinstance(exc, ParseFailed) else exc.message)
+    except Exception as exc:
+        logger.exception("folders.ingest_failed", extra={"file_id": file_id})
+        _fail(file, f"Ingestion failed unexpectedly ({type(exc).__name__}); the server log has the details")
+        return
+    logger.info(
+        "folders.ingested",
+        extra={"file_id": file_id, "seconds": round(time.monotonic() - started, 3), "bytes": file.file_size},
+    )
+
+
+def _ingest(actor: Actor, file: FileMetadata) -> None:
+    raw = FileContent.objects.unscoped().filter(file_id=file.id).values_list("raw", flat=True).first()
+    if raw is None:
+        raise ParseFailed("The upload is no longer stored; upload the file again")
+    text = parse_bounded(bytes(raw), file.file_type, timeout=settings.FOLDER_PARSE_TIMEOUT)
+    if not text.strip():
+        raise ParseFailed(
+            "No text could be extracted from the file (a scanned PDF needs OCR, which is not done)"
+        )
+    folder = file.folder
+    chunks = split_by_tokens(text, chunk_tokens=folder.embedding_chunk_size)
+    FileContent.objects.unscoped().filter(file_id=file.id).update(text=text)
+    _set(file, processing_status=FileStatus.EMBEDDING, total_chunks=len(chunks), chunks_embedded=0)
+    target = embedding_target(actor=actor, embedding_handle=folder.embedding)
+    size = max(1, int(getattr(settings, "LLM_EMBEDDING_BATCH_SIZE", 100)))
+    for start in range(0, len(chunks), size):
+        batch = chunks[start : start + size]
+        vectors = embed(target, batch, batch_size=size)
+        dimension = len(vectors[0])
+        _check_dimension(folder, dimension)
+        with transaction.atomic():
+            if not FileMetadata.objects.unscoped().select_for_update().filter(id=file.id).exists():
+                raise FileGone
+            FileChunk.objects.for_actor(actor).bulk_create(
+                [
+                    FileChunk(
+                        organization_id=actor.organization_id,
+                        file_id=file.id,
+                        folder_id=folder.id,
+                        chunk_index=start + offset,
+                        text=chunk,
+                        embedding=vector,
+                        embedding_dim=dimension,
+                    )
+                    for offset, (chunk, vector) in enumerate(zip(batch, vectors, strict=True))
+                ]
+            )
+            _set(file, chunks_embedded=start + len(batch))
+    _complete(actor, file, text)
+
+
+def _check_dimension(folder: Folder, dimension: int) -> None:
+    """Record the folder's dimension on its first vectors; refuse vectors of another size later."""
+    if folder.embedding_dim is None:
+        Folder.objects.unscoped().filter(id=folder.id, embedding_dim__isnull=True).update(
+            embedding_dim=dimension
+        )
+        folder.refresh_from_db(fields=["embedding_dim"])
+    if folder.embedding_dim != dimension:
+        raise ParseFailed(
+            f"'{folder.embedding}' produced {dimension}-dimensional embeddings; the folder holds "
+            f"{folder.embedding_dim}-dimensional ones"
+        )
+
+
+def _set(file: FileMetadata, **fields: Any) -> None:
+    """Move the file's status (committed at once, so it is visible); raises FileGone if it was deleted."""
+    if not FileMetadata.objects.unscoped().filter(id=file.id).update(**fields):
+        raise FileGone
+    for name, value in fields.items():
+        setattr(file, name, value)
+
+
+@transaction.atomic
+def _complete(actor: Actor, file: FileMetadata, text: str) -> None:
+    locked = (
+        FileMetadata.objects.unscoped()
+        .select_for_update()
+        .select_related("folder")
+        .filter(id=file.id)
+        .first()
+    )
+    if locked is None:
+        raise FileGone
+    if locked.replaces_id is not None:
+        _take_the_place_of(actor, locked, text)
+    FileMetadata.objects.unscoped().filter(id=file.id).update(processing_status=FileStatus.COMPLETED)
+    FileContent.objects.unscoped().filter(file_id=file.id).update(raw=None)
+    locked.processing_status = FileStatus.COMPLETED
+    for agent in Agent.objects.for_actor(actor).filter(folders__id=locked.folder_id).order_by("id"):
+        if not AgentFile.objects.for_actor(actor).filter(agent_id=agent.id, file_id=locked.id).exists():
+            attach_files(actor=actor, agent=agent, files=[locked])
+
+
+def _take_the_place_of(actor: Actor, new: FileMetadata, text: str) -> None:
+    """The replacement becomes the file: agents' states move to it (open windows re-read from its text at
+    the same lines), the old file (and its chunks) is deleted. In the caller's transaction."""
+    old_id = new.replaces_id
+    old = FileMetadata.objects.unscoped().select_for_update().filter(id=old_id).first()
+    if old is not None:
+        strategy = selectors.line_strategy(new)
+        states = AgentFile.objects.for_actor(actor).select_for_update(of=("self",)).select_related("agent")
+        for state in states.filter(file_id=old.id):
+            limits = selectors.agent_file_limits(state.agent)
+            state.file_id = new.id
+            if state.is_open:
+                start = state.start_line - 1 if state.start_line else None
+                try:
+                    window = rendering.view(
+                        text, strategy, file_name=state.file_name, start=start, end=state.end_line
+                    )
+                except rendering.RangeError:
+                    window = rendering.view(text, strategy, file_name=state.file_name)
+                    state.start_line = state.end_line = None
+                state.visible_content = rendering.within_limit(window, limits.per_file_char_limit)
+            state.save()
+        FileMetadata.objects.unscoped().filter(id=old.id).update(file_name=old.id)
+    FileMetadata.objects.unscoped().filter(id=new.id).update(replaces=None)
+    FileMetadata.objects.unscoped().filter(replaces_id=old_id).exclude(id=new.id).delete()
+    if old is not None:
+        FileMetadata.objects.unscoped().filter(id=old.id).delete()
+    new.replaces_id = None
+
+
+def _fail(file: FileMetadata, reason: str) -> None:
+    """Status error with the reason; the file's chunks are deleted, its upload let go."""
+    with transaction.atomic():
+        FileChunk.objects.unscoped().filter(file_id=file.id).delete()
+        FileMetadata.objects.unscoped().filter(id=file.id).update(
+            processing_status=FileStatus.ERROR, error_message=reason[:4000]
+        )
+        FileContent.objects.unscoped().filter(file_id=file.id).update(raw=None)
+    logger.info("folders.ingest_error", extra={"file_id": file.id, "reason": reason[:200]})

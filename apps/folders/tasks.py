@@ -1,0 +1,13 @@
+"""Celery entry points: ids in, one call, nothing else. Behaviour lives in apps.folders.ingest."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from apps.folders.ingest import ingest_file
+
+
+@shared_task(name="folders.ingest_file", acks_late=True, reject_on_worker_lost=True, time_limit=3600)
+def ingest_file_task(file_id: str) -> None:
+    """Parse, chunk and embed an uploaded file. Idempotent: a file that is not pending is left alone."""
+    ingest_file(file_id)
