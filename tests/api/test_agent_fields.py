@@ -10,6 +10,7 @@ import pytest
 
 from apps.agents.models import Agent, AgentSecret, Message
 from apps.api.serializers.agents import CREATE_UNSUPPORTED, NO_LONGER_USED, UPDATE_UNSUPPORTED
+from apps.identities.services import identity_create
 from apps.memory.models import Block
 from apps.tools.services import tool_upsert
 from tests.api.test_role_matrix import ADD
@@ -96,7 +97,6 @@ BODY_FOR = {  # what else a field needs to show its effect
     "include_base_tool_rules": {"include_base_tools": True},  # rules for the base tools
 }
 REFUSED_VALUES: dict[str, Any] = {
-    "identity_ids": ["identity-1"],
     "include_multi_agent_tools": True,
     "from_template": "t",
     "template": True,
@@ -124,11 +124,13 @@ def owned(actor) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """Ids for the fields that name existing objects."""
     tool = tool_upsert(actor=actor, source_code=ADD)
     block = Block.objects.for_actor(actor).create(label="shared", value="v", limit=100)
-    return {"tool": tool.id, "block": block.id}
+    identity = identity_create(actor=actor, identifier_key="user-7", name="Sam", identity_type="user")
+    return {"tool": tool.id, "block": block.id, "identity": identity.id}
 
 
 def test_every_documented_create_field_is_covered() -> None:
-    covered = set(HONOURED_ON_CREATE) | set(CREATE_UNSUPPORTED) | {"tool_ids", "block_ids", "tool_rules"}
+    named_ids = {"tool_ids", "block_ids", "tool_rules", "identity_ids"}  # test_ids_and_rules_at_creation...
+    covered = set(HONOURED_ON_CREATE) | set(CREATE_UNSUPPORTED) | named_ids
     covered |= FOLDER_FIELDS  # they name folders: test_folders_at_creation_are_honoured
     assert covered == LETTA_CREATE_FIELDS
     assert set(REFUSED_VALUES) == set(CREATE_UNSUPPORTED)
@@ -151,6 +153,7 @@ def test_ids_and_rules_at_creation_are_honoured(actor, api_client_for, owned) ->
         "tool_ids": [owned["tool"]],
         "block_ids": [owned["block"]],
         "tool_rules": [{"type": "max_count_per_step", "tool_name": "add", "max_count_limit": 2}],
+        "identity_ids": [owned["identity"]],
     }
 
     response = api_client_for(actor).post("/v1/agents/", body, format="json")
@@ -159,6 +162,20 @@ def test_ids_and_rules_at_creation_are_honoured(actor, api_client_for, owned) ->
     assert list(agent.tools.values_list("id", flat=True)) == [owned["tool"]]
     assert list(agent.blocks.values_list("id", flat=True)) == [owned["block"]]
     assert agent.tool_rules[0]["tool_name"] == "add"
+    assert response.json()["identity_ids"] == [owned["identity"]]
+
+
+def test_identity_ids_on_update_are_the_agents_set_and_unknown_ones_change_nothing(
+    actor, api_client_for, owned
+):  # type: ignore[no-untyped-def]
+    client = api_client_for(actor)
+    agent = client.post("/v1/agents/", {**BASE, "identity_ids": [owned["identity"]]}, format="json").json()
+
+    unknown = client.patch(f"/v1/agents/{agent['id']}", {"identity_ids": ["identity-nope"]}, format="json")
+    cleared = client.patch(f"/v1/agents/{agent['id']}", {"identity_ids": []}, format="json")
+
+    assert unknown.status_code == 404
+    assert cleared.json()["identity_ids"] == []
 
 
 @pytest.mark.parametrize("field", sorted(REFUSED_VALUES))

@@ -20,7 +20,6 @@ from apps.api.serializers.common import BlockOut
 from apps.api.serializers.messages import _message_create
 from apps.api.serializers.strict import (
     CLOUD_ONLY,
-    IDENTITIES_LATER,
     MULTI_AGENT_LATER,
     REASONING_IN_SETTINGS,
     refuse_unsupported,
@@ -432,7 +431,6 @@ def _config_handle(config: dict[str, Any], *, kind: str) -> str:
 
 
 CREATE_UNSUPPORTED = {
-    "identity_ids": IDENTITIES_LATER,
     "include_multi_agent_tools": MULTI_AGENT_LATER,
     "from_template": CLOUD_ONLY,
     "template": CLOUD_ONLY,
@@ -443,18 +441,14 @@ CREATE_UNSUPPORTED = {
     "max_reasoning_tokens": REASONING_IN_SETTINGS,
 }
 """CreateAgent fields Letta documents that this server refuses (422 naming them) rather than drop."""
-UPDATE_UNSUPPORTED = {
-    key: CREATE_UNSUPPORTED[key]
-    for key in (
-        "identity_ids",
-        "reasoning",
-    )
-}
+UPDATE_UNSUPPORTED = {"reasoning": REASONING_IN_SETTINGS}
 NO_LONGER_USED = ("embedding_chunk_size", "project_id", "template_id", "base_template_id")
 """Fields Letta documents as "Deprecated: No longer used": accepted, and (as on Letta) without effect."""
 
 
 FILE_FIELDS = ("folder_ids", "source_ids", "max_files_open", "per_file_view_window_char_limit")
+IDENTITY_FIELD = "identity_ids"
+"""Honoured by apps.identities.services.agent_identities_set after the agent is created or updated."""
 """CreateAgent/UpdateAgent fields the folders app honours (apps.folders.services.agent_configure_files),
 after the agent is created or updated: the agent services never see them."""
 
@@ -479,6 +473,7 @@ class AgentCreateIn(serializers.Serializer):
 
     folder_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
     source_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
+    identity_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
     include_default_source = serializers.BooleanField(required=False, allow_null=True)
     max_files_open = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1000)
     per_file_view_window_char_limit = serializers.IntegerField(
@@ -622,6 +617,7 @@ class AgentUpdateIn(serializers.Serializer):
 
     folder_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
     source_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    identity_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
     max_files_open = serializers.IntegerField(allow_null=True, min_value=1, max_value=1000)
     per_file_view_window_char_limit = serializers.IntegerField(
         allow_null=True, min_value=1, max_value=2**31 - 1
@@ -701,7 +697,7 @@ class AgentUpdateIn(serializers.Serializer):
         return {
             renamed.get(key, key): value
             for key, value in self.validated_data.items()
-            if key not in FILE_FIELDS
+            if key not in FILE_FIELDS and key != IDENTITY_FIELD
         }
 
     def files_kwargs(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
 from apps.folders import services as folder_services
 from apps.identities import selectors as identity_selectors
+from apps.identities import services as identity_services
 
 AGENT_TOOLS_DEFAULT_LIMIT = 10  # Letta's default for GET /v1/agents/{id}/tools
 AGENT_BLOCKS_DEFAULT_LIMIT = 100  # Letta's default for GET /v1/agents/{id}/core-memory/blocks
@@ -106,6 +107,12 @@ def _page_params(request: Request, *, default_limit: int = 50) -> PageParams:
     return PageParams.from_query(params, default_limit=default_limit)
 
 
+def _set_identities(actor: Actor, agent_id: str, identity_ids: list[str] | None) -> None:
+    """CreateAgent's / UpdateAgent's identity_ids: absent or null keeps them; a list is the agent's set."""
+    if identity_ids is not None:
+        identity_services.agent_identities_set(actor=actor, agent_id=agent_id, identity_ids=identity_ids)
+
+
 class AgentListCreateApi(OrgApiView):
     @extend_schema(
         operation_id="list_agents",
@@ -128,6 +135,7 @@ class AgentListCreateApi(OrgApiView):
         with transaction.atomic():  # a folder that cannot be attached leaves no agent behind
             agent = agent_services.agent_create_with_settings(actor=self.actor, **data.to_service_kwargs())
             folder_services.agent_configure_files(actor=self.actor, agent_id=agent.id, **data.files_kwargs())
+            _set_identities(self.actor, agent.id, data.validated_data.get(s.IDENTITY_FIELD))
         return self._state(agent.id)
 
     def _state(self, agent_id: str) -> Response:
@@ -164,6 +172,7 @@ class AgentDetailApi(OrgApiView):
         with transaction.atomic():
             agent_services.agent_update(actor=self.actor, agent_id=agent_id, **data.to_service_kwargs())
             folder_services.agent_configure_files(actor=self.actor, agent_id=agent_id, **data.files_kwargs())
+            _set_identities(self.actor, agent_id, data.validated_data.get(s.IDENTITY_FIELD))
         agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
         return Response(s.agent_state(agent, actor=self.actor))
 
