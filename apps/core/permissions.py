@@ -38,7 +38,7 @@ class Action(StrEnum):
     APPROVAL_RESPOND = "agent.approval.respond"
     # Conversations: their creator's, the agent's creator's, an owner's or an admin's.
     CONVERSATION_WRITE = "conversation.write"
-    # Archives (archival memory an agent can share) and identities (an app's end users).
+    # Archives and folders (memory and documents agents can share), identities (an app's end users).
     ARCHIVE_CREATE = "archive.create"
     ARCHIVE_WRITE = "archive.write"
     IDENTITY_CREATE = "identity.create"
@@ -93,9 +93,10 @@ MATRIX: dict[Action, Rule] = {
         Who.CREATOR_OR_ADMIN,
         "rename, delete, fork or compact a conversation (its creator or the agent's creator)",
     ),
-    Action.ARCHIVE_CREATE: Rule(Who.EVERYONE, "create an archive"),
+    Action.ARCHIVE_CREATE: Rule(Who.EVERYONE, "create an archive or a folder"),
     Action.ARCHIVE_WRITE: Rule(
-        Who.CREATOR_OR_ADMIN, "modify or delete an archive, attach or detach it, add or delete its passages"
+        Who.CREATOR_OR_ADMIN,
+        "modify or delete an archive or a folder, attach or detach it, add or delete its passages or files",
     ),
     Action.IDENTITY_CREATE: Rule(Who.EVERYONE, "create or upsert an identity"),
     Action.IDENTITY_WRITE: Rule(
