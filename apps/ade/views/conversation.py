@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents.errors import PendingApproval
 from apps.agents.loop.convert import to_letta_messages
-from apps.agents.models import Agent, Conversation, Message, Run
+from apps.agents.models import Agent, Conversation, Message, Run, StopReason
 from apps.agents.selectors import (
     ACTIVE_RUN_STATUSES,
     agent_get,
@@ -191,12 +191,33 @@ def turn_for_run(*, actor: Actor, run: Run, agent: Agent) -> Turn:
     """A run's whole turn (used for a new send, and to re-render a turn when its run ends)."""
     messages = list(run_message_list(actor=actor, run_id=run.id, include_system=True).order_by("sequence_id"))
     conversation = run.conversation if run.conversation_id else None
-    pending = pending_approval(agent=agent, conversation=conversation)
+    pending = pending_approval(agent=agent, conversation=conversation) or _awaiting_decision(
+        actor, run, messages
+    )
     turns = build_turns(actor=actor, messages=messages, pending_id=pending.id if pending else None)
     if turns:
         return turns[0]
     fresh = run_list_with_usage(actor=actor, run_ids=[run.id]).get(run.id, run)
     return Turn(run_id=run.id, run=fresh, live=fresh.status in ACTIVE_RUN_STATUSES)
+
+
+def _awaiting_decision(actor: Actor, run: Run, messages: list[Message]) -> Message | None:
+    """The approval request a run stopped on: its last message, while it is its thread's newest run. What the context's last message says once the run's writes are all visible, read from
+    the run itself: its stream's end reaches the browser first, and a turn fetched at that moment must
+    still come with its form."""
+    last = messages[-1] if messages else None
+    if run.stop_reason != StopReason.REQUIRES_APPROVAL or last is None:
+        return None
+    if last.role != Message.Role.APPROVAL or not last.tool_calls:
+        return None
+    newest = (
+        Run.objects.for_actor(actor)
+        .filter(agent_id=run.agent_id, conversation_id=run.conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return last if newest == run.id else None
 
 
 # --- the column ------------------------------------------------------------------------------------------
