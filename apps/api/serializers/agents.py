@@ -17,6 +17,7 @@ from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
 from apps.api.serializers.common import BlockOut
+from apps.api.serializers.folders import FolderOut
 from apps.api.serializers.messages import _message_create
 from apps.api.serializers.strict import (
     CLOUD_ONLY,
@@ -26,6 +27,8 @@ from apps.api.serializers.strict import (
 )
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
+from apps.folders.selectors import files_of_agents
+from apps.identities.selectors import identity_ids_by_agent
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
 from apps.llm.selectors import endpoint_for_tenants
 
@@ -246,8 +249,6 @@ class AgentStateOut(serializers.Serializer):
     # --- folders (apps.folders): looked up once for every agent being rendered, then kept in the context.
 
     def _files(self, agent: Agent) -> Any:
-        from apps.folders.selectors import files_of_agents
-
         known: dict[str, Any] = self.context.setdefault("folders", {})
         if agent.id not in known:
             batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
@@ -257,16 +258,12 @@ class AgentStateOut(serializers.Serializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_sources(self, agent: Agent) -> list[Any]:
-        from apps.api.serializers.folders import FolderOut
-
         return list(FolderOut(self._files(agent).folders, many=True).data)
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
         """The agent's identities, oldest first: looked up once for every agent being rendered (the list's,
         or this one), then kept in the context."""
-        from apps.identities.selectors import identity_ids_by_agent
-
         known: dict[str, list[str]] = self.context.setdefault("identity_ids", {})
         if agent.id not in known:
             batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
