@@ -274,6 +274,13 @@ MAX_STEPS_LIMIT = env.int("MAX_STEPS_LIMIT", default=100)
 FOLDER_FILE_MAX_BYTES = env.int("FOLDER_FILE_MAX_BYTES", default=25 * 1024 * 1024)
 FOLDER_STORAGE_QUOTA_BYTES = env.int("FOLDER_STORAGE_QUOTA_BYTES", default=1024 * 1024 * 1024)
 FOLDER_PARSE_TIMEOUT = env.float("FOLDER_PARSE_TIMEOUT", default=60.0)
+# HTML, PDF and DOCX are parsed in the local jail (apps/folders/isolation.py); where none can be made:
+# "jail" fails those files with a reason, "process" parses them in a plain child process (weaker).
+FOLDER_PARSE_ISOLATION = env.str("FOLDER_PARSE_ISOLATION", default="jail")
+if FOLDER_PARSE_ISOLATION not in ("jail", "process"):
+    raise ImproperlyConfigured(
+        f"FOLDER_PARSE_ISOLATION must be 'jail' or 'process', not {FOLDER_PARSE_ISOLATION!r}"
+    )
 # End of Request bounds ----------------------------------------------------------------------------
 
 # Throttling ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Ingestion of one uploaded file: parse (bounded, in a child process), chunk by tokens, embed in batches with
+"""Ingestion of one uploaded file: parse (bounded, in the parser jail), chunk by tokens, embed in batches with
 the folder's model, then make the file live; the Celery task `folders.ingest_file` calls `ingest_file`.
 
 Status moves pending -> parsing -> embedding -> completed, or -> error with the reason, and each move is
@@ -24,8 +24,9 @@ from apps.agents.models import Agent
 from apps.core.actor import Actor
 from apps.core.errors import DomainError
 from apps.folders import rendering, selectors
+from apps.folders.isolation import parse_bounded
 from apps.folders.models import AgentFile, FileChunk, FileContent, FileMetadata, FileStatus, Folder
-from apps.folders.parsing import ParseFailed, parse_bounded
+from apps.folders.parsing import ParseFailed
 from apps.folders.services import attach_files
 from apps.llm.chunking import split_by_tokens
 from apps.llm.embeddings import embed

@@ -1,4 +1,4 @@
-"""Uploaded files to text: which types a folder takes, and a parser for each, run in a bounded child process.
+"""Uploaded files to text: which types a folder takes, and a parser for each.
 
 Formats: plain text, Markdown, JSON, CSV, HTML and source code (decoded as text; HTML stripped to its text
 by the standard library's parser), PDF (pypdf: pure Python, no native PDF engine), DOCX (python-docx:
@@ -6,13 +6,12 @@ paragraphs in order, headings as Markdown, tables as rows). Why not markitdown: 
 onnxruntime, numpy and an ML model to sniff file types, pdfminer, pdfplumber, PDFium and Pillow; these two
 libraries (pypdf, python-docx with lxml) cover the formats we take.
 
-Hostile files: every upload is parsed by `parse_bounded`, in a child process of its own (this module, run
-with `-c`, importing nothing of Django) under an address-space and CPU limit it sets on itself before it
-reads a byte, a wall-clock deadline after which the parent kills it, and a cap on the text it may return.
-A DOCX (a zip) is refused before it is opened when its members would inflate past DOCX_MAX_INFLATED_BYTES
-or inflate suspiciously far (a zip bomb); pypdf caps each decompressed stream itself (75 MB), and the
-memory limit catches whatever else inflates. Whatever goes wrong ends as ParseFailed with a reason a user
-can read.
+Hostile files: HTML, PDF and DOCX are parsed by this module's `main`, run as a script (it imports only the
+standard library at load time) in the parser jail, under memory, CPU and time limits, with a cap on the
+text it may return (apps/folders/isolation.py). A DOCX (a zip) is refused before it is opened when its
+members would inflate past DOCX_MAX_INFLATED_BYTES or inflate suspiciously far (a zip bomb); pypdf caps
+each decompressed stream itself (75 MB), and the memory limit catches whatever else inflates. Whatever goes
+wrong ends as ParseFailed with a reason a user can read.
 """
 
 from __future__ import annotations
@@ -21,12 +20,11 @@ import io
 import json
 import mimetypes
 import os
-import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from pathlib import Path, PurePath
+from pathlib import PurePath
 
 PARSE_MEMORY_BYTES = 2 * 1024**3
 """Address space the parsing child may map (RLIMIT_AS): a bomb that inflates past it fails to allocate."""
@@ -299,51 +297,13 @@ def _html_text(html: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-# --- bounded parsing ------------------------------------------------------------------------------------
-
-ROOT = str(Path(__file__).resolve().parent.parent.parent)
-_CHILD = f"import sys; sys.path.insert(0, {ROOT!r}); from apps.folders.parsing import main; main()"
-
-
-def parse_bounded(data: bytes, media_type: str, *, timeout: float) -> str:
-    """`parse` in a child process with a memory limit, a CPU limit and a wall-clock deadline (`timeout`
-    seconds, after which it is killed), returning at most MAX_TEXT_BYTES of text. Raises ParseFailed."""
-    header = json.dumps({"media_type": media_type, "memory": PARSE_MEMORY_BYTES, "cpu": int(timeout) + 1})
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-s", "-E", "-c", _CHILD],
-            input=header.encode() + b"\n" + data,
-            capture_output=True,
-            timeout=timeout,
-            env=env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ParseFailed(f"Parsing took longer than {timeout:g} seconds (FOLDER_PARSE_TIMEOUT)") from exc
-    if done.returncode == EXIT_PARSE_FAILED:
-        raise ParseFailed(
-            done.stderr.decode("utf-8", errors="replace").strip()[:2000] or "The file could not be parsed"
-        )
-    if done.returncode != 0:
-        raise ParseFailed(_crash_reason(done.returncode, done.stderr))
-    if len(done.stdout) > MAX_TEXT_BYTES:
-        raise ParseFailed(f"The file's text is larger than {MAX_TEXT_BYTES:,} bytes once parsed")
-    return done.stdout.decode("utf-8", errors="replace")
-
-
-def _crash_reason(code: int, stderr: bytes) -> str:
-    if b"MemoryError" in stderr:
-        return (
-            f"Parsing needed more than {PARSE_MEMORY_BYTES // 1024**2} MiB of memory (a decompression bomb?)"
-        )
-    if code < 0:
-        return f"Parsing was stopped (signal {-code}): it exceeded its CPU time or memory limit"
-    return "The file could not be parsed (the parser failed unexpectedly)"
+# --- the child's entry point (apps/folders/isolation.py runs this module's source) ---------------------
 
 
 def main() -> None:
-    """The child: limits first, then one header line (JSON), then the file on stdin; the text on stdout."""
+    """The child: one header line (JSON) first, then the file on stdin; the text on stdout. The header
+    names the site-packages to import the parsers from (in the jail) or the limits to set on itself
+    (FOLDER_PARSE_ISOLATION=process), before a byte of the file is read."""
     import logging
     import resource
     import warnings
@@ -352,15 +312,19 @@ def main() -> None:
     warnings.simplefilter("ignore")
     header_line = sys.stdin.buffer.readline()
     header = json.loads(header_line)
-    resource.setrlimit(resource.RLIMIT_AS, (header["memory"], header["memory"]))
-    resource.setrlimit(resource.RLIMIT_CPU, (header["cpu"], header["cpu"]))
+    sys.path[:0] = header.get("sys_path", [])
+    if "memory" in header:
+        resource.setrlimit(resource.RLIMIT_AS, (header["memory"], header["memory"]))
+        resource.setrlimit(resource.RLIMIT_CPU, (header["cpu"], header["cpu"]))
     data = sys.stdin.buffer.read()
     try:
         text = parse(data, header["media_type"])
     except ParseFailed as exc:
         _fail(exc.reason)
     except MemoryError:
-        _fail(f"Parsing needed more than {header['memory'] // 1024**2} MiB of memory (a decompression bomb?)")
+        _fail(
+            f"Parsing needed more than {PARSE_MEMORY_BYTES // 1024**2} MiB of memory (a decompression bomb?)"
+        )
     except Exception as exc:  # a parser's own bug on a malformed file: say what, then stop
         _fail(f"The file could not be parsed: {type(exc).__name__}: {str(exc)[:500]}")
     encoded = text.replace("\x00", "").encode("utf-8", errors="replace")
@@ -371,3 +335,7 @@ def _fail(reason: str) -> None:
     sys.stderr.write(reason)
     sys.stderr.flush()
     os._exit(EXIT_PARSE_FAILED)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import random
+import selectors
 import shutil
 import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +148,90 @@ def jail_command(
 
 def _under(path: str, prefixes: Iterable[str]) -> bool:
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+
+@dataclass
+class JailOutput:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    overflow: bool = False
+    returncode: int | None = None  # bwrap's exit status: the jailed command's, or 1 when bwrap failed
+
+
+def pump(
+    process: subprocess.Popen[bytes], info_fd: int, payload: bytes, deadline: float, max_bytes: int
+) -> JailOutput:
+    """Feed a jailed process (started with `jail_command(..., info_fd=...)`) its stdin and read its
+    stdout/stderr until both close, the deadline (time.monotonic) passes or the output exceeds
+    `max_bytes`; then kill the jail if need be and reap bwrap. `info_fd` gives the jail's first pid."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    result = JailOutput()
+    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: [], info_fd: []}
+    reading = {out_fd, err_fd}
+    total = 0
+    pending = memoryview(payload)
+    selector = selectors.DefaultSelector()
+    os.set_blocking(process.stdin.fileno(), False)
+    selector.register(process.stdin, selectors.EVENT_WRITE)
+    selector.register(out_fd, selectors.EVENT_READ)
+    selector.register(err_fd, selectors.EVENT_READ)
+    selector.register(info_fd, selectors.EVENT_READ)
+    try:
+        while reading and not result.overflow:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                result.timed_out = True
+                break
+            for key, _events in selector.select(remaining):
+                if key.fileobj is process.stdin:
+                    try:
+                        pending = pending[os.write(key.fd, pending[:65536]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it stopped reading: its output says why
+                        pending = pending[len(pending) :]
+                    if not pending:
+                        selector.unregister(process.stdin)
+                        process.stdin.close()
+                    continue
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fd)
+                    reading.discard(key.fd)
+                    continue
+                chunks[key.fd].append(data)
+                if key.fd == info_fd:
+                    continue
+                total += len(data)
+                if total > max_bytes:
+                    result.overflow = True
+                    break
+    finally:
+        selector.close()
+        if reading:  # stopped early (timeout, overflow): nothing of the jail may outlive the call
+            kill_jail(_child_pid(b"".join(chunks[info_fd])), process.pid)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        os.close(info_fd)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            kill_jail(None, process.pid)
+            process.wait()
+    result.stdout, result.stderr = b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+    result.returncode = process.returncode
+    return result
+
+
+def _child_pid(info: bytes) -> int | None:
+    """bwrap's --info-fd JSON: {"child-pid": N, ...}; None when it has not been written (yet)."""
+    try:
+        pid = json.loads(info or b"{}").get("child-pid")
+    except ValueError:
+        return None
+    return pid if isinstance(pid, int) and pid > 1 else None

@@ -9,10 +9,7 @@ Without bubblewrap nothing runs: the outcome says how to install it.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import selectors
 import subprocess
 import time
 from dataclasses import dataclass
@@ -105,7 +102,7 @@ def run_tool_locally(
         pass_fds=(info_write,),
     )
     os.close(info_write)
-    stream = _pump(
+    stream = jail.pump(
         process,
         info_read,
         tool_payload(boundary, source_code, name, arguments, env),
@@ -156,89 +153,5 @@ def _interpreter_paths(python: str) -> tuple[str, ...]:
     return () if str(real).startswith("/usr/") else (str(prefix),)
 
 
-@dataclass
-class _Stream:
-    stdout: bytes = b""
-    stderr: bytes = b""
-    timed_out: bool = False
-    overflow: bool = False
-
-
-def _pump(
-    process: subprocess.Popen[bytes], info_fd: int, payload: bytes, deadline: float, max_bytes: int
-) -> _Stream:
-    """Feed stdin and read stdout/stderr until both close, the deadline passes or the output exceeds
-    `max_bytes`; then kill the jail if need be and reap bwrap. `info_fd` gives the jail's first pid."""
-    assert process.stdin is not None
-    assert process.stdout is not None
-    assert process.stderr is not None
-    result = _Stream()
-    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
-    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: [], info_fd: []}
-    reading = {out_fd, err_fd}
-    total = 0
-    pending = memoryview(payload)
-    selector = selectors.DefaultSelector()
-    os.set_blocking(process.stdin.fileno(), False)
-    selector.register(process.stdin, selectors.EVENT_WRITE)
-    selector.register(out_fd, selectors.EVENT_READ)
-    selector.register(err_fd, selectors.EVENT_READ)
-    selector.register(info_fd, selectors.EVENT_READ)
-    try:
-        while reading and not result.overflow:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                result.timed_out = True
-                break
-            for key, _events in selector.select(remaining):
-                if key.fileobj is process.stdin:
-                    try:
-                        pending = pending[os.write(key.fd, pending[:65536]) :]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # it stopped reading: its output says why
-                        pending = pending[len(pending) :]
-                    if not pending:
-                        selector.unregister(process.stdin)
-                        process.stdin.close()
-                    continue
-                data = os.read(key.fd, 65536)
-                if not data:
-                    selector.unregister(key.fd)
-                    reading.discard(key.fd)
-                    continue
-                chunks[key.fd].append(data)
-                if key.fd == info_fd:
-                    continue
-                total += len(data)
-                if total > max_bytes:
-                    result.overflow = True
-                    break
-    finally:
-        selector.close()
-        if reading:  # stopped early (timeout, overflow): nothing of the jail may outlive the call
-            jail.kill_jail(_child_pid(b"".join(chunks[info_fd])), process.pid)
-        for pipe in (process.stdin, process.stdout, process.stderr):
-            with contextlib.suppress(OSError):
-                pipe.close()
-        os.close(info_fd)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            jail.kill_jail(None, process.pid)
-            process.wait()
-    result.stdout, result.stderr = b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
-    return result
-
-
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
-
-
-def _child_pid(info: bytes) -> int | None:
-    """bwrap's --info-fd JSON: {"child-pid": N, ...}; None when it has not been written (yet)."""
-    try:
-        pid = json.loads(info or b"{}").get("child-pid")
-    except ValueError:
-        return None
-    return pid if isinstance(pid, int) and pid > 1 else None

@@ -105,7 +105,7 @@ def test_a_pdf_without_text_is_an_error_not_an_empty_file(folder, upload):
 def test_parsing_past_its_deadline_is_stopped(folder, upload, settings):
     settings.FOLDER_PARSE_TIMEOUT = 0.001
 
-    file = upload(folder, "notes.txt", documents.TEXT)
+    file = upload(folder, "report.pdf", documents.pdf([["Quarterly report"]]))
 
     assert (file.processing_status, file.error_message) == (
         "error",
