@@ -11,6 +11,7 @@ the end, also on errors and on SIGTERM), and measures:
   in-process   SQL statements per turn and step, context compilation (10 blocks, 200 messages)
   archival     insert throughput, search at 10k and 100k passages, recall search at 100k messages
   sandbox      a custom tool call in Docker (cold, warm) and in the local bubblewrap jail
+  folders      ingestion of uploads, embedding excluded: parse (PDF, DOCX, HTML in the parser jail) + chunk
 
 Each figure is the median of repeated runs, with the spread (max - min) of those runs.
 Options: --quick (small counts, for a smoke test), --only turns,throughput,... , --profile (write a
@@ -59,7 +60,7 @@ from bench.stats import across, percentile  # noqa: E402
 RESULTS_DIR = ROOT / "bench" / "results"
 MODEL = "openai/gpt-4o-mini"
 EMBEDDING = archival.EMBEDDING_HANDLE
-PHASES = ("turns", "throughput", "memory", "inprocess", "archival", "sandbox")
+PHASES = ("turns", "throughput", "memory", "inprocess", "archival", "sandbox", "folders")
 
 FULL = {
     "runs": 3,
@@ -75,6 +76,7 @@ FULL = {
     "search_per_run": 50,
     "insert_batches": 10,
     "sandbox_repeat": 10,
+    "folders_repeat": 5,
 }
 QUICK = {
     **FULL,
@@ -90,6 +92,7 @@ QUICK = {
     "search_per_run": 10,
     "insert_batches": 2,
     "sandbox_repeat": 3,
+    "folders_repeat": 2,
 }
 
 STARTED = time.monotonic()
@@ -456,6 +459,10 @@ def rows(results: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
         out.append(("sandbox local: first call of a process", s["sandbox_local_first"], "", "ms", ""))
     if "docker" in s:
         out.append(("sandbox docker", s["docker"], "", "", ""))
+    if "folders" in results:
+        from bench.folders_bench import table_rows
+
+        out.extend(table_rows(results["folders"]))
     return out
 
 
@@ -698,6 +705,11 @@ def measure(
             from bench.sandbox_bench import sandbox_figures
 
             results["sandbox"] = sandbox_figures(repeat=cfg["sandbox_repeat"])
+    if "folders" in only:
+        with phase("folder ingestion (parse + chunk)", results):
+            from bench.folders_bench import ingestion_figures
+
+            results["folders"] = ingestion_figures(repeat=cfg["folders_repeat"])
 
 
 def spy_profiles(cfg: dict[str, Any], tenant: Tenant, platform: Platform) -> None:
