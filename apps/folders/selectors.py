@@ -256,6 +256,7 @@ def completed_file_ids(*, actor: Actor, folder_ids: Sequence[str]) -> list[str]:
 class AgentFiles:
     folders: list[Folder]
     limits: FileLimits
+    file_blocks: list[dict[str, Any]]  # Letta's memory.file_blocks: every attached file, open or not
 
 
 def files_of_agents(agents: Sequence[Agent]) -> dict[str, AgentFiles]:
@@ -269,7 +270,15 @@ def files_of_agents(agents: Sequence[Agent]) -> dict[str, AgentFiles]:
                    COALESCE((SELECT json_agg(row_to_json(folder) ORDER BY link.id)
                              FROM {Folder.agents.through._meta.db_table} AS link
                              JOIN {Folder._meta.db_table} AS folder ON folder.id = link.folder_id
-                             WHERE link.agent_id = agent.id), '[]'::json)
+                             WHERE link.agent_id = agent.id), '[]'::json),
+                   COALESCE((SELECT json_agg(json_build_object(
+                                 'id', state.id, 'file_id', state.file_id, 'folder_id', state.folder_id,
+                                 'file_name', state.file_name, 'is_open', state.is_open,
+                                 'visible_content', CASE WHEN state.is_open THEN state.visible_content END,
+                                 'last_accessed_at', state.last_accessed_at, 'created_at', state.created_at,
+                                 'updated_at', state.updated_at) ORDER BY state.file_name)
+                             FROM {AgentFile._meta.db_table} AS state
+                             WHERE state.agent_id = agent.id), '[]'::json)
             FROM {Agent._meta.db_table} AS agent
             LEFT JOIN {AgentFileSettings._meta.db_table} AS settings ON settings.agent_id = agent.id
             WHERE agent.id = ANY(%s)
@@ -280,11 +289,38 @@ def files_of_agents(agents: Sequence[Agent]) -> dict[str, AgentFiles]:
     by_id = {agent.id: agent for agent in agents}
     found = {}
     for agent_id in ids:
-        max_open, per_file, folders = rows.get(agent_id, (None, None, []))
+        max_open, per_file, folders, states = rows.get(agent_id, (None, None, [], []))
         defaults = default_file_limits(by_id[agent_id].context_window_limit or DEFAULT_CONTEXT_WINDOW)
         limits = FileLimits(max_open or defaults.max_files_open, per_file or defaults.per_file_char_limit)
-        found[agent_id] = AgentFiles([_folder_from_json(f) for f in folders], limits)
+        blocks = [_file_block(state, limits.per_file_char_limit) for state in states]
+        found[agent_id] = AgentFiles([_folder_from_json(f) for f in folders], limits, blocks)
     return found
+
+
+def _file_block(state: dict[str, Any], limit: int) -> dict[str, Any]:
+    """An attached file as Letta's FileBlock: a read-only block labelled with the file's name whose value
+    is the window the prompt shows (cut to the per-file limit), empty while the file is closed."""
+    return {
+        "id": state["id"],
+        "label": state["file_name"],
+        "value": rendering.within_limit(state["visible_content"], limit),
+        "limit": limit,
+        "description": "",
+        "read_only": True,
+        "is_template": False,
+        "template_name": "",
+        "hidden": False,
+        "metadata": {},
+        "tags": [],
+        "created_by_id": None,
+        "last_updated_by_id": None,
+        "created_at": parse_datetime(state["created_at"]),
+        "updated_at": parse_datetime(state["updated_at"]),
+        "file_id": state["file_id"],
+        "source_id": state["folder_id"],
+        "is_open": state["is_open"],
+        "last_accessed_at": state["last_accessed_at"] and parse_datetime(state["last_accessed_at"]),
+    }
 
 
 def _folder_from_json(row: dict[str, Any]) -> Folder:

@@ -331,6 +331,26 @@ def test_the_agent_state_shows_its_folders_and_file_limits(client, actor):
     assert listed[0]["sources"][0]["name"] == "handbook"
 
 
+def test_the_agent_state_shows_attached_files_as_memory_file_blocks(client, actor):
+    folder = create_folder(client)
+    a = uploaded(client, folder["id"], "a.txt", b"alpha\n")
+    b = uploaded(client, folder["id"], "b.txt", b"beta\n")
+    agent = new_agent(actor)
+    client.patch(f"/v1/agents/{agent.id}/folders/attach/{folder['id']}")
+    client.patch(f"/v1/agents/{agent.id}/files/{a['id']}/close")
+
+    blocks = client.get(f"/v1/agents/{agent.id}").json()["memory"]["file_blocks"]
+    listed = client.get("/v1/agents/").json()[0]["memory"]["file_blocks"]
+
+    assert [(x["label"], x["file_id"], x["source_id"], x["is_open"], x["read_only"]) for x in blocks] == [
+        ("handbook/a.txt", a["id"], folder["id"], False, True),
+        ("handbook/b.txt", b["id"], folder["id"], True, True),
+    ]
+    assert [x["value"] for x in blocks] == ["", "[Viewing file start (out of 1 lines)]\n1: beta"]
+    assert blocks[1]["limit"] == 25_000 and blocks[1]["last_accessed_at"].endswith("Z")
+    assert listed == blocks
+
+
 def test_agents_are_created_and_updated_with_folders_and_file_limits(client, actor):
     first = create_folder(client, "first")
     second = create_folder(client, "second")

@@ -78,11 +78,20 @@ class SecretOut(serializers.Serializer):
         return None
 
 
+class FileBlockOut(BlockOut):
+    """Letta's FileBlock: an attached file as a read-only block (`memory.file_blocks`)."""
+
+    file_id = serializers.CharField()
+    source_id = serializers.CharField()
+    is_open = serializers.BooleanField()
+    last_accessed_at = serializers.DateTimeField(allow_null=True)
+
+
 class MemoryOut(serializers.Serializer):
     """Letta's deprecated `memory` object: the same blocks as AgentState.blocks."""
 
     blocks = BlockOut(many=True)
-    file_blocks = serializers.ListField(child=serializers.DictField())
+    file_blocks = FileBlockOut(many=True)
     prompt_template = serializers.CharField()
     agent_type = serializers.CharField()
 
@@ -241,7 +250,7 @@ class AgentStateOut(serializers.Serializer):
     def get_memory(self, agent: Agent) -> dict[str, Any]:
         return {
             "blocks": BlockOut(agent.blocks.all(), many=True).data,
-            "file_blocks": [],
+            "file_blocks": FileBlockOut(self._files(agent).file_blocks, many=True).data,
             "prompt_template": "",
             "agent_type": agent.agent_type,
         }
