@@ -443,14 +443,23 @@ def run_create(
     callback_url: str = "",
     include_return_message_types: list[str] | None = None,
     approval_otid: str = "",
+    override_model: str | None = None,
+    override_system: str | None = None,
+    client_skills: list[dict[str, str]] | None = None,
+    include_compaction_messages: bool = False,
 ) -> Run:
     """Persist the input (user messages and/or an approval decision) and a Run that will process it.
 
     The input is committed before any LLM call, so a crash never loses a user message; it joins the
-    in-context messages when the run starts.
+    in-context messages when the run starts. The run's options (Letta's LettaRequest) travel in its
+    request_config: `override_model` (a handle the organisation can use, for this run's LLM calls only),
+    `override_system` (sent instead of the compiled system message), `client_skills` (listed in the
+    system message's <available_skills>), `include_compaction_messages` (compaction answers as
+    event_message + summary_message instead of Letta's older user_message).
     Raises PendingApproval (409) for a normal message while a call awaits approval, NoPendingApproval or
     InvalidInput for an approval that matches nothing, MaxStepsExceeded past the organisation's step
-    limit (`max_steps` None: Letta's default, 50, within that limit).
+    limit (`max_steps` None: Letta's default, 50, within that limit), NotFound for an override_model
+    the organisation cannot use.
     """
     messages = messages or []
     if not messages and approvals is None:
@@ -491,6 +500,17 @@ def run_create(
     for message in messages:
         if message.role not in ("user", "system", "assistant"):
             raise InvalidInput(f"Unknown message role {message.role!r}; expected user, system or assistant")
+    if override_model:
+        try:
+            resolve_model(override_model, organization_id=actor.organization_id)
+        except UnknownModelHandle as exc:
+            raise NotFound(f"Model '{override_model}' not found or not accessible") from exc
+    options = {
+        "override_model": override_model or None,
+        "override_system": override_system,
+        "client_skills": client_skills or None,
+        "include_compaction_messages": include_compaction_messages or None,
+    }
 
     run = Run(
         organization_id=actor.organization_id,
@@ -506,6 +526,7 @@ def run_create(
             "include_return_message_types": sorted(include_return_message_types)
             if include_return_message_types
             else None,
+            **{name: value for name, value in options.items() if value is not None},
         },
     )
     rows = []

@@ -289,7 +289,9 @@ def test_a_refused_account_says_why_and_the_link_still_works(
     assert response.status_code == 422
     assert message in response.content.decode()
     # The password is never echoed back; the random CSRF token may contain any short string.
-    page_without_tokens = re.sub(r'value="[A-Za-z0-9]{64}"|"X-CSRFToken": "[A-Za-z0-9]{64}"', "", response.content.decode())
+    page_without_tokens = re.sub(
+        r'value="[A-Za-z0-9]{64}"|"X-CSRFToken": "[A-Za-z0-9]{64}"', "", response.content.decode()
+    )
     assert password not in page_without_tokens
     assert not User.objects.filter(username="newbie").exists()
     assert retry.status_code == 302

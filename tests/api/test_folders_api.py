@@ -347,7 +347,8 @@ def test_the_agent_state_shows_attached_files_as_memory_file_blocks(client, acto
         ("handbook/b.txt", b["id"], folder["id"], True, True),
     ]
     assert [x["value"] for x in blocks] == ["", "[Viewing file start (out of 1 lines)]\n1: beta"]
-    assert blocks[1]["limit"] == 25_000 and blocks[1]["last_accessed_at"].endswith("Z")
+    assert blocks[1]["limit"] == 25_000
+    assert blocks[1]["last_accessed_at"].endswith("Z")
     assert listed == blocks
 
 

@@ -10,6 +10,7 @@ time (Letta dropped the time after it busted caches on every request).
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,9 +29,11 @@ __all__ = [
     "build_llm_messages",
     "compile_system_message",
     "compile_system_sections",
+    "render_available_skills",
     "render_memory_blocks",
     "render_memory_metadata",
     "render_tool_rules",
+    "with_available_skills",
 ]
 
 CORE_MEMORY_PLACEHOLDER = "{CORE_MEMORY}"
@@ -266,3 +269,97 @@ def _timestamp(moment: datetime) -> str:
     """Letta's timestamp format ("2025-03-05 09:15:00 AM CET+0100"), with a locale-free AM/PM."""
     meridiem = "AM" if moment.hour < 12 else "PM"
     return f"{moment:%Y-%m-%d %I:%M:%S} {meridiem} {moment:%Z%z}"
+
+
+# --- skills -------------------------------------------------------------------------------------------
+
+SKILL_BLOCK_PREFIX = "skills/"
+"""Memory blocks labelled `skills/<name>` (or `skills/<name>/SKILL`) are the agent's own skills."""
+
+
+def render_available_skills(
+    skills: Sequence[tuple[str, str, str]], block_labels: Sequence[tuple[str, str]] = ()
+) -> str:
+    """Letta's `<available_skills>` section: the agent's skill blocks (`block_labels`: label and
+    description) and the request's client skills (`skills`: name, description, location), first of a
+    name wins, grouped by the folder that holds each skill, drawn as a tree with each skill's one-line
+    description. Empty when there are none."""
+    entries: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for label, description in block_labels:
+        parts = label.split("/")
+        if not label.startswith(SKILL_BLOCK_PREFIX) or len(parts) not in (2, 3):
+            continue
+        if (len(parts) == 3 and parts[2] != "SKILL") or not parts[1] or parts[1] in seen:
+            continue
+        seen.add(parts[1])
+        entries.append((parts[1], description, f"${{MEMORY_DIR}}/skills/{parts[1]}/SKILL.md"))
+    for name, description, location in skills:
+        if name in seen:
+            continue
+        seen.add(name)
+        entries.append((name, description, location.strip() or f"${{MEMORY_DIR}}/skills/{name}/SKILL.md"))
+    if not entries:
+        return ""
+    by_root: dict[str, dict[str, object]] = {}
+    for name, description, location in entries:
+        root, relative = _skill_root(name, location)
+        node = by_root.setdefault(root, {})
+        parts = [part for part in relative.split("/") if part]
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            node = child if isinstance(child, dict) else {}
+        if parts:
+            node[parts[-1]] = _first_line(description)
+    lines = ["<available_skills>"]
+    for index, root in enumerate(sorted(by_root)):
+        if index:
+            lines.append("")
+        lines.append(root)
+        lines.extend(_tree_lines(by_root[root], ""))
+    lines.append("</available_skills>")
+    return "\n".join(lines)
+
+
+def with_available_skills(system_message: str, skills_section: str) -> str:
+    """The system message with the skills section after it (unchanged when there is none)."""
+    if not skills_section:
+        return system_message
+    return system_message.rstrip("\n") + "\n\n" + skills_section
+
+
+def _first_line(text: str) -> str:
+    stripped = (text or "").strip()
+    return stripped.split("\n", 1)[0].strip()
+
+
+def _skill_root(name: str, location: str) -> tuple[str, str]:
+    """Where a skill's folder lives and its path below it: `<root>/<name>/SKILL.md` gives (root,
+    `<name>/SKILL.md`); any other location is its folder and its file name."""
+    location = location.strip()
+    if location.endswith("/SKILL.md"):
+        folder = posixpath.dirname(location)
+        if posixpath.basename(folder) == name.split("/")[-1]:
+            root = posixpath.dirname(folder)
+            return root, posixpath.relpath(location, root or ".")
+    return posixpath.dirname(location), posixpath.basename(location)
+
+
+def _tree_lines(node: dict[str, object], prefix: str) -> list[str]:
+    folders = sorted(key for key, value in node.items() if isinstance(value, dict))
+    files = sorted(key for key, value in node.items() if not isinstance(value, dict))
+    ordered = [(key, True) for key in folders] + [(key, False) for key in files]
+    lines: list[str] = []
+    for index, (key, is_folder) in enumerate(ordered):
+        last = index == len(ordered) - 1
+        connector = "└── " if last else "├── "
+        if is_folder:
+            child = node[key]
+            lines.append(f"{prefix}{connector}{key}/")
+            lines.extend(
+                _tree_lines(child if isinstance(child, dict) else {}, prefix + ("    " if last else "│   "))
+            )
+        else:
+            description = str(node[key] or "")
+            lines.append(f"{prefix}{connector}{key}" + (f" ({description})" if description else ""))
+    return lines

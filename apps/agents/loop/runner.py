@@ -39,6 +39,8 @@ from apps.agents.loop.context import (
     SystemSections,
     build_llm_messages,
     compile_system_sections,
+    render_available_skills,
+    with_available_skills,
 )
 from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
 from apps.agents.loop.events import EventSink, NullSink
@@ -513,7 +515,17 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
 
 
 def _system_message(state: LoopState) -> str:
-    return system_sections(state).render()
+    """What the model gets as its system message: the request's `override_system` verbatim (Letta adds
+    nothing to it), else the compiled one with the request's client skills and the agent's skill blocks."""
+    options = state.run.request_config
+    if options.get("override_system") is not None:
+        return str(options["override_system"])
+    skills = [
+        (s["name"], s.get("description", ""), s.get("location", ""))
+        for s in options.get("client_skills") or []
+    ]
+    section = render_available_skills(skills, [(b.label, b.description) for b in state.blocks])
+    return with_available_skills(system_sections(state).render(), section)
 
 
 def system_sections(state: LoopState) -> SystemSections:
@@ -575,22 +587,57 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
     if not evict:
         raise StopRun(StopReason.ERROR, "Context window is full and nothing can be summarised.")
     total = len(state.in_context)
+    structured = bool(state.run.request_config.get("include_compaction_messages"))
+    if structured:  # Letta announces the compaction before it starts
+        state.sink.emit(compaction_event(state, trigger, message_tokens))
     summary = _summarize(state, evict)
     summary_message = _new_message(
         state, Message.Role.SUMMARY, text=summary_message_text(summary, len(evict), total)
     )
     _replace_with_summary(state, evict, summary_message)
-    state.sink.emit(
-        {
-            **to_letta_messages(summary_message)[0],
-            "compaction_stats": {
-                "trigger": trigger,
-                "context_window": state.context_window,
-                "messages_count_before": total,
-                "messages_count_after": len(state.in_context),
-            },
-        }
-    )
+    letta_form = to_letta_messages(summary_message)[0]
+    if structured:
+        state.sink.emit(
+            {
+                **letta_form,
+                "compaction_stats": {
+                    "trigger": trigger,
+                    "context_window": state.context_window,
+                    "messages_count_before": total,
+                    "messages_count_after": len(state.in_context),
+                },
+            }
+        )
+    else:  # Letta's default: the summary as the user message the model reads (its packed JSON text)
+        state.sink.emit(
+            {
+                **{k: v for k, v in letta_form.items() if k not in ("summary", "message_type")},
+                "message_type": "user_message",
+                "content": summary_message.text,
+            }
+        )
+
+
+def compaction_event(state: LoopState, trigger: str, message_tokens: list[int] | None) -> dict[str, Any]:
+    """Letta's EventMessage for a compaction about to start."""
+    return {
+        "id": f"message-{uuid.uuid4()}",
+        "date": timezone.now().isoformat(),
+        "message_type": "event_message",
+        "event_type": "compaction",
+        "event_data": {
+            "trigger": trigger,
+            "context_token_estimate": sum(message_tokens) if message_tokens else None,
+            "context_window": state.context_window,
+        },
+        "run_id": state.run.id,
+        "step_id": None,
+        "otid": None,
+        "sender_id": None,
+        "name": None,
+        "is_err": None,
+        "seq_id": None,
+    }
 
 
 def _message_infos(state: LoopState, message_tokens: list[int] | None = None) -> list[budgeting.MessageInfo]:
@@ -1154,11 +1201,12 @@ def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loo
     actor = Actor.system(run.organization_id)
     agent = _load_one(Agent, run.agent_id, actor)
     conversation = _load_one(Conversation, run.conversation_id, actor) if run.conversation_id else None
+    override_model = run.request_config.get("override_model")  # this run's model, the agent unchanged
     try:
         target = resolve_model(
-            agent.model,
+            override_model or agent.model,
             organization_id=actor.organization_id,
-            context_window_limit=agent.context_window_limit,
+            context_window_limit=None if override_model else agent.context_window_limit,
         )
     except LLMError as exc:
         raise StopRun(StopReason.LLM_API_ERROR, exc.message) from exc

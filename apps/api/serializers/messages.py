@@ -7,6 +7,7 @@ the shape `apps.agents.services.run_create` takes, and the streaming options. Sh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,6 +18,8 @@ from apps.agents.models import Conversation, Run, Step, StopReason
 from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
 from apps.api.serializers.strict import refuse_unsupported
 from apps.llm.selectors import endpoint_for_tenants
+
+MAX_OVERRIDE_SYSTEM_CHARS = 200_000  # a system prompt, not a document: the request body cap is larger
 
 MESSAGE_TYPES = [
     "system_message",
@@ -62,6 +65,10 @@ class SendRequest:
     background: bool = False
     client_tools: list[dict[str, Any]] = field(default_factory=list)
     callback_url: str = ""
+    override_model: str | None = None
+    override_system: str | None = None
+    client_skills: list[dict[str, str]] = field(default_factory=list)
+    include_compaction_messages: bool = False
 
     @property
     def otids(self) -> list[str]:
@@ -80,7 +87,27 @@ class SendRequest:
             "include_return_message_types": sorted(self.include_return_message_types)
             if self.include_return_message_types
             else None,
+            "override_model": self.override_model,
+            "override_system": self.override_system,
+            "client_skills": self.client_skills,
+            "include_compaction_messages": self.include_compaction_messages,
         }
+
+
+class ClientSkillIn(serializers.Serializer):
+    """Letta's ClientSkillSchema: a skill the client's environment has, listed in the system prompt."""
+
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(max_length=4000, allow_blank=True)
+    location = serializers.CharField(max_length=1000, allow_blank=True)
+
+
+SEND_UNSUPPORTED = {
+    "return_logprobs": "log probabilities are not returned by this server yet",
+    "top_logprobs": "log probabilities are not returned by this server yet",
+    "return_token_ids": "token ids need an SGLang provider's native /generate endpoint, which this server "
+    "does not call",
+}
 
 
 class ClientToolIn(serializers.Serializer):
@@ -90,7 +117,9 @@ class ClientToolIn(serializers.Serializer):
 
 
 class LettaRequestIn(serializers.Serializer):
-    """Letta's LettaRequest (letta_api.md 4.3). Unknown and deprecated fields are accepted and ignored."""
+    """Letta's LettaRequest (letta_api.md 4.3). Its deprecated fields (use_assistant_message,
+    assistant_message_tool_name/kwarg, enable_thinking) are accepted and, as on Letta for letta_v1_agent,
+    have no effect; the fields of SEND_UNSUPPORTED are refused with a 422 naming them."""
 
     messages = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     input = serializers.JSONField(required=False, allow_null=True)
@@ -111,6 +140,28 @@ class LettaRequestIn(serializers.Serializer):
     background = serializers.BooleanField(required=False, default=False)
     client_tools = ClientToolIn(many=True, required=False, allow_null=True)
     callback_url = serializers.URLField(required=False, allow_null=True, allow_blank=True)
+    override_model = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=500,
+        help_text="A model handle for this request instead of the agent's (the agent is not changed).",
+    )
+    override_system = serializers.CharField(
+        required=False,
+        allow_null=True,
+        trim_whitespace=False,
+        max_length=MAX_OVERRIDE_SYSTEM_CHARS,
+        help_text="This request's system prompt, sent to the model instead of the compiled system message.",
+    )
+    client_skills = ClientSkillIn(many=True, required=False, allow_null=True, max_length=200)
+    include_compaction_messages = serializers.BooleanField(required=False, default=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        refuse_unsupported(data, SEND_UNSUPPORTED)
+        if isinstance(data, Mapping) and "system" in data and "override_system" not in data:
+            data = {**data, "override_system": data["system"]}  # Letta's alias
+        return super().to_internal_value(data)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         has_messages = attrs.get("messages") is not None
@@ -145,6 +196,10 @@ class LettaRequestIn(serializers.Serializer):
                 {k: v for k, v in dict(t).items() if v is not None} for t in data.get("client_tools") or []
             ],
             callback_url=data.get("callback_url") or "",
+            override_model=(data.get("override_model") or "").strip() or None,
+            override_system=data.get("override_system"),
+            client_skills=[dict(skill) for skill in data.get("client_skills") or []],
+            include_compaction_messages=data["include_compaction_messages"],
         )
 
 

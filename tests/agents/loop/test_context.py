@@ -256,3 +256,33 @@ def test_llm_messages_without_a_stored_system_message_keep_everything():
     messages = build_llm_messages("fresh", [{"role": "user", "content": "hi"}])
 
     assert messages == [{"role": "system", "content": "fresh"}, {"role": "user", "content": "hi"}]
+
+
+# --- available skills ---------------------------------------------------------------------------------
+
+
+def test_no_skills_render_nothing_and_leave_the_system_message_alone():
+    from apps.agents.loop.context import render_available_skills, with_available_skills
+
+    assert render_available_skills([], [("human", "about the user"), ("skills/x/notes", "nested")]) == ""
+    assert with_available_skills("You are helpful.\n", "") == "You are helpful.\n"
+
+
+def test_skill_blocks_come_first_and_a_client_skill_of_the_same_name_is_left_out():
+    from apps.agents.loop.context import render_available_skills
+
+    section = render_available_skills(
+        [("search", "The client's search", "tools/search/SKILL.md"), ("lint", "", "/opt/lint.md")],
+        [("skills/search", "Search the web\nwith care"), ("skills/search/SKILL", "duplicate"), ("human", "")],
+    )
+
+    assert section == (
+        "<available_skills>\n"
+        "${MEMORY_DIR}/skills\n"
+        "└── search/\n"
+        "    └── SKILL.md (Search the web)\n"
+        "\n"
+        "/opt\n"
+        "└── lint.md\n"
+        "</available_skills>"
+    )

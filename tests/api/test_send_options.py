@@ -1,0 +1,152 @@
+"""LettaRequest's per-request options through POST /v1/agents/{id}/messages (and its async and streaming
+twins), with the real worker and the scripted LLM: override_model, override_system (and its alias
+`system`), client_skills, include_compaction_messages; the token-data fields are refused by name."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from apps.agents.models import Agent, Run
+from tests.api.test_messages_api import new_agent, send, sse_events, types, user
+from tests.support.scripted_llm import text
+
+worker = pytest.mark.django_db(transaction=True)
+LONG = "I went hiking in the Alps last summer and the views were amazing. " * 8  # about 130 tokens
+
+
+@pytest.fixture
+def client(actor, api_client_for):
+    return api_client_for(actor)
+
+
+def wait_for_run(run_id: str, timeout: float = 60) -> Run:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.unscoped().get(id=run_id)
+        if run.status in ("completed", "failed", "cancelled"):
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} did not finish")
+
+
+@worker
+def test_override_model_is_used_for_this_request_only_on_every_send_path(client, actor, llm, celery_worker):
+    agent = new_agent(actor)
+    llm.push(text("from the big model"), text("streamed"), text("async"), text("back to the agent's"))
+
+    blocking = send(client, agent.id, {**user("hi"), "override_model": "openai/gpt-4o"})
+    streamed = client.post(
+        f"/v1/agents/{agent.id}/messages/stream",
+        {**user("again"), "override_model": "openai/gpt-4o"},
+        format="json",
+    )
+    sse_events(streamed)
+    queued = client.post(
+        f"/v1/agents/{agent.id}/messages/async",
+        {**user("later"), "override_model": "openai/gpt-4o"},
+        format="json",
+    )
+    wait_for_run(queued.json()["id"])
+    plain = send(client, agent.id, user("and now?"))
+
+    assert blocking.status_code == 200
+    assert plain.status_code == 200
+    assert [r["model"] for r in llm.chat_requests()] == ["gpt-4o", "gpt-4o", "gpt-4o", "gpt-4o-mini"]
+    assert Agent.objects.for_actor(actor).get(id=agent.id).model == "openai/gpt-4o-mini"
+
+
+@worker
+def test_an_override_model_the_organisation_cannot_use_is_refused_before_anything_is_stored(
+    client, actor, llm, celery_worker
+):
+    agent = new_agent(actor)
+
+    response = send(client, agent.id, {**user("hi"), "override_model": "nosuch/model-x"})
+
+    assert response.status_code == 404
+    assert response.json()["detail"] == "Model 'nosuch/model-x' not found or not accessible"
+    assert not Run.objects.for_actor(actor).exists()
+    assert llm.chat_requests() == []
+
+
+@worker
+@pytest.mark.parametrize("field", ["override_system", "system"])
+def test_override_system_replaces_the_compiled_system_message_for_that_request(
+    client, actor, llm, celery_worker, field
+):
+    agent = new_agent(actor)
+    llm.push(text("Arr."), text("Hello."))
+
+    send(client, agent.id, {**user("hi"), field: "You are a pirate. Answer in one word."})
+    send(client, agent.id, user("hi again"))
+
+    first, second = llm.chat_requests()
+    assert first["messages"][0] == {"role": "system", "content": "You are a pirate. Answer in one word."}
+    assert "<memory_blocks>" in second["messages"][0]["content"]  # the next request compiles as before
+
+
+@worker
+def test_client_skills_are_listed_in_the_system_message_of_that_request(client, actor, llm, celery_worker):
+    agent = new_agent(actor)
+    llm.push(text("ok"), text("ok"))
+    skills = [
+        {"name": "pdf", "description": "Fill PDF forms.\nMore details.", "location": "skills/pdf/SKILL.md"},
+        {"name": "deploy", "description": "Ship the app", "location": "skills/deploy/SKILL.md"},
+    ]
+
+    send(client, agent.id, {**user("hi"), "client_skills": skills})
+    send(client, agent.id, user("hi again"))
+
+    first, second = (r["messages"][0]["content"] for r in llm.chat_requests())
+    assert first.endswith(
+        "<available_skills>\nskills\n├── deploy/\n│   └── SKILL.md (Ship the app)\n"
+        "└── pdf/\n    └── SKILL.md (Fill PDF forms.)\n</available_skills>"
+    )
+    assert "<available_skills>" not in second
+
+
+@worker
+@pytest.mark.parametrize("structured", [True, False])
+def test_compaction_answers_as_event_and_summary_only_when_asked(
+    client, actor, llm, celery_worker, structured
+):
+    agent = new_agent(actor, context_window_limit=1200, include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+
+    answers = [
+        send(
+            client, agent.id, {**user(f"Message {i}: {LONG}"), "include_compaction_messages": structured}
+        ).json()
+        for i in range(8)
+    ]
+
+    compacted = next(
+        a["messages"] for a in answers if {"user_message", "summary_message"} & set(types(a["messages"]))
+    )
+    kinds = types(compacted)
+    if structured:
+        event, summary = kinds.index("event_message"), kinds.index("summary_message")
+        assert event < summary
+        assert compacted[event]["event_type"] == "compaction"
+        assert compacted[event]["event_data"]["context_window"] == 1200
+        assert compacted[summary]["compaction_stats"]["trigger"] == "context_window"
+    else:
+        assert "event_message" not in kinds
+        assert "Summary of what was removed" in compacted[kinds.index("user_message")]["content"]
+
+
+@worker
+@pytest.mark.parametrize("field", ["return_logprobs", "top_logprobs", "return_token_ids"])
+def test_token_data_fields_are_refused_by_name_not_dropped(client, actor, llm, celery_worker, field):
+    agent = new_agent(actor)
+    llm.push(text("Hello"))
+
+    response = send(client, agent.id, {**user("hi"), field: 5 if field == "top_logprobs" else True})
+    defaults = send(client, agent.id, {**user("hi"), field: None if field == "top_logprobs" else False})
+
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(f"{field}: not supported")
+    assert defaults.status_code == 200  # the SDK's defaults ask for nothing
+    assert Run.objects.for_actor(actor).count() == 1
