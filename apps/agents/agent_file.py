@@ -1,23 +1,29 @@
 """Agent files (`.af`, Letta's AgentFileSchema): export an agent with everything it needs, import one back.
 
-Inside a file every id is file-local (`agent-0`, `block-0`, `tool-0`, `message-0`), numbered in a stable
-order (blocks by label, tools by name, messages in context order), so exporting the same agent twice gives
-the same document and an import maps each file id to a new server id.
+Inside a file every id is file-local (`agent-0`, `block-0`, `tool-0`, `message-0`, `source-0`, `file-0`,
+`file_agent-0`), numbered in a stable order (blocks by label, tools by name, messages in context order,
+folders as attached, files by folder then name), so exporting the same agent twice gives the same document
+and an import maps each file id to a new server id.
 
 What never leaves the server: secrets and tool environment variables keep their keys with empty values
 (Letta's format wants strings; the importer supplies values through `secrets`), and no provider key, base
 URL or sandbox variable appears anywhere. Built-in tools travel by name and are recreated from this
 server's definitions (every Letta base tool's name resolves; one not built here answers so when called);
-other Letta-typed tools this server does not know are left out on import. Folders, files,
-groups, MCP servers and skills are not supported yet: import ignores them.
+other Letta-typed tools this server does not know are left out on import.
+
+Folders travel as Letta's `sources`, their files as `files` with their parsed text (`content`), and what the
+agent has of them as its `files_agents` (open or closed, the window it sees). The folders app builds and
+restores them (this app must not import it): it registers a FolderSection here when Django starts. Groups,
+MCP servers and skills are not supported yet: import ignores them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import transaction
@@ -47,6 +53,7 @@ from apps.tools.services import (
     tool_upsert_builtins,
 )
 
+DEFAULT_EMBEDDING_CHUNK_SIZE = 300  # tokens, Letta's
 FILE_REVISION = "letta-django-1"
 """`metadata.revision_id` of files written here (Letta writes its alembic revision; nobody checks it)."""
 RECENT_MESSAGES_WHEN_NO_CONTEXT = 50
@@ -76,18 +83,112 @@ class AgentFileTooLarge(AgentFileError):
         return cls(f"The agent file is larger than {limit:,} bytes (the limit, AGENT_FILE_MAX_BYTES)")
 
 
+# --- folders and files: built by apps.folders, which registers them here ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedFolder:
+    """A folder attached to the agent (Letta's source)."""
+
+    id: str
+    name: str
+    description: str
+    instructions: str
+    metadata: dict[str, Any]
+    embedding: str
+    embedding_dim: int | None
+    embedding_chunk_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedFile:
+    """A file the agent has, with its parsed text."""
+
+    id: str
+    folder_id: str
+    file_name: str  # its name in the folder
+    original_file_name: str
+    file_type: str
+    file_size: int
+    processing_status: str
+    error_message: str
+    total_chunks: int | None
+    chunks_embedded: int | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedFileState:
+    """What the agent has of a file (Letta's files_agents row)."""
+
+    file_id: str
+    folder_id: str
+    file_name: str  # "<folder name>/<file name>"
+    is_open: bool
+    visible_content: str
+    last_accessed_at: datetime
+    start_line: int | None
+    end_line: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFolders:
+    """An agent's folders, files and file states, in the order the file lists them, and its file limits."""
+
+    folders: list[ExportedFolder]
+    files: list[ExportedFile]
+    states: list[ExportedFileState]
+    max_files_open: int
+    per_file_view_window_char_limit: int
+
+
+class FolderImporter(Protocol):
+    def __call__(
+        self, *, actor: Actor, file: AgentFile, agents: dict[str, Agent], embedding: str | None
+    ) -> None:
+        """Create the file's sources and files and give each imported agent (file id -> Agent) its folders,
+        file states and file limits, inside agent_import's transaction; raise to refuse the import."""
+
+
+@dataclass(frozen=True, slots=True)
+class FolderSection:
+    export: Callable[[Actor, Agent], AgentFolders]
+    import_: FolderImporter
+
+
+_FOLDER_SECTION: list[FolderSection] = []
+
+
+def register_folders(section: FolderSection) -> None:
+    """How agent files carry folders and files; apps.folders registers it from its AppConfig.ready."""
+    _FOLDER_SECTION[:] = [section]
+
+
+def _folder_section() -> FolderSection | None:
+    return _FOLDER_SECTION[0] if _FOLDER_SECTION else None
+
+
 # --- export -------------------------------------------------------------------------------------------
 
 
 def agent_export(
-    *, actor: Actor, agent_id: str, conversation_id: str | None = None, scrub_messages: bool = False
+    *,
+    actor: Actor,
+    agent_id: str,
+    conversation_id: str | None = None,
+    scrub_messages: bool = False,
+    include_folders: bool = True,
 ) -> dict[str, Any]:
-    """The agent as an AgentFileSchema document (JSON-ready dict) with its blocks, tools and in-context
-    messages (the conversation's with `conversation_id`; none with `scrub_messages`).
+    """The agent as an AgentFileSchema document (JSON-ready dict) with its blocks, tools, in-context
+    messages (the conversation's with `conversation_id`; none with `scrub_messages`) and, unless
+    `include_folders` is false, its folders with the files it has (their text) and its state of each.
 
     Raises AgentNotFound, NotFound (conversation). Writes nothing.
     """
     agent = agent_get(actor=actor, agent_id=agent_id)
+    section = _folder_section() if include_folders else None
+    folders = section.export(actor, agent) if section is not None else None
+    sources, files, files_agents = _folder_docs(actor, folders) if folders is not None else ([], [], [])
     blocks = sorted(agent.blocks.all(), key=lambda b: (b.label, b.id))
     tools = sorted(agent.tools.all(), key=lambda t: (t.name, t.id))
     block_ids = {block.id: f"block-{i}" for i, block in enumerate(blocks)}
@@ -109,7 +210,7 @@ def agent_export(
         "tools": [],
         "tool_ids": [tool_ids[tool.id] for tool in tools],
         "block_ids": [block_ids[block.id] for block in blocks],
-        "source_ids": [],
+        "source_ids": [source["id"] for source in sources],
         "folder_ids": None,
         "identity_ids": None,
         "include_base_tools": False,
@@ -118,7 +219,7 @@ def agent_export(
         "include_default_source": False,
         "initial_message_sequence": None,
         "llm_config": _llm_config(actor, agent),
-        "embedding_config": _embedding_config(actor, agent),
+        "embedding_config": _embedding_config(actor, agent.embedding, agent.embedding_dim),
         "model": None,
         "embedding": None,
         "model_settings": agent.model_settings or None,
@@ -143,20 +244,20 @@ def agent_export(
         "message_buffer_autoclear": agent.message_buffer_autoclear,
         "enable_sleeptime": False,
         "timezone": agent.timezone or "UTC",
-        "max_files_open": None,
-        "per_file_view_window_char_limit": None,
+        "max_files_open": folders.max_files_open if folders else None,
+        "per_file_view_window_char_limit": folders.per_file_view_window_char_limit if folders else None,
         "hidden": agent.hidden or None,
         "in_context_message_ids": [message_ids[m.id] for m in in_context],
         "messages": [_message_doc(m, message_ids[m.id]) for m in messages],
-        "files_agents": [],
+        "files_agents": files_agents,
         "group_ids": [],
     }
     return {
         "agents": [agent_doc],
         "groups": [],
         "blocks": [_block_doc(block, block_ids[block.id]) for block in blocks],
-        "files": [],
-        "sources": [],
+        "files": files,
+        "sources": sources,
         "tools": [_tool_doc(tool, tool_ids[tool.id]) for tool in tools],
         "mcp_servers": [],
         "skills": [],
@@ -223,24 +324,87 @@ def _llm_config(actor: Actor, agent: Agent) -> dict[str, Any] | None:
     }
 
 
-def _embedding_config(actor: Actor, agent: Agent) -> dict[str, Any] | None:
-    if not agent.embedding:
+def _embedding_config(
+    actor: Actor, handle: str, dimension: int | None, chunk_size: int = DEFAULT_EMBEDDING_CHUNK_SIZE
+) -> dict[str, Any] | None:
+    """Letta's EmbeddingConfig for a model handle, without endpoint or key."""
+    if not handle:
         return None
-    provider_type, dimension = None, agent.embedding_dim
+    provider_type = None
     try:
-        target = resolve_embedding(agent.embedding, organization_id=actor.organization_id)
+        target = resolve_embedding(handle, organization_id=actor.organization_id)
         provider_type, dimension = target.provider_type, dimension or target.dimension
     except DomainError:
         pass
     return {
-        "handle": agent.embedding,
-        "embedding_model": agent.embedding.partition("/")[2] or agent.embedding,
-        "embedding_endpoint_type": _provider_type(agent.embedding, provider_type),
+        "handle": handle,
+        "embedding_model": handle.partition("/")[2] or handle,
+        "embedding_endpoint_type": _provider_type(handle, provider_type),
         "embedding_endpoint": None,
         "embedding_dim": dimension,
-        "embedding_chunk_size": 300,
+        "embedding_chunk_size": chunk_size,
         "batch_size": 32,
     }
+
+
+def _folder_docs(
+    actor: Actor, folders: AgentFolders
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(sources, files, the agent's files_agents) in Letta's SourceSchema, FileSchema and FileAgentSchema.
+    A file's name is "<folder name>/<file name>", as Letta stores it."""
+    source_ids = {folder.id: f"source-{i}" for i, folder in enumerate(folders.folders)}
+    file_ids = {file.id: f"file-{i}" for i, file in enumerate(folders.files)}
+    folder_names = {folder.id: folder.name for folder in folders.folders}
+    sources = [
+        {
+            "id": source_ids[folder.id],
+            "name": folder.name,
+            "description": folder.description or None,
+            "instructions": folder.instructions or None,
+            "metadata": folder.metadata or None,
+            "embedding": None,
+            "embedding_chunk_size": None,
+            "embedding_config": _embedding_config(
+                actor, folder.embedding, folder.embedding_dim, folder.embedding_chunk_size
+            ),
+        }
+        for folder in folders.folders
+    ]
+    files = [
+        {
+            "id": file_ids[file.id],
+            "source_id": source_ids[file.folder_id],
+            "file_name": f"{folder_names[file.folder_id]}/{file.file_name}",
+            "original_file_name": file.original_file_name,
+            "file_path": None,
+            "file_type": file.file_type,
+            "file_size": file.file_size,
+            "file_creation_date": None,
+            "file_last_modified_date": None,
+            "processing_status": file.processing_status,
+            "error_message": file.error_message or None,
+            "total_chunks": file.total_chunks,
+            "chunks_embedded": file.chunks_embedded,
+            "content": file.text,
+        }
+        for file in folders.files
+    ]
+    files_agents = [
+        {
+            "id": f"file_agent-{i}",
+            "agent_id": "agent-0",
+            "file_id": file_ids[state.file_id],
+            "source_id": source_ids[state.folder_id],
+            "file_name": state.file_name,
+            "is_open": state.is_open,
+            "visible_content": state.visible_content or None,
+            "last_accessed_at": state.last_accessed_at.isoformat(),
+            "start_line": state.start_line,
+            "end_line": state.end_line,
+        }
+        for i, state in enumerate(folders.states)
+    ]
+    return sources, files, files_agents
 
 
 def _block_doc(block: Block, file_id: str) -> dict[str, Any]:
@@ -396,6 +560,60 @@ class FileEmbeddingConfig(_Lenient):
     embedding_model: str | None = None
     embedding_endpoint_type: str | None = None
     embedding_dim: int | None = None
+    embedding_chunk_size: int | None = None
+
+
+class FileSource(_Lenient):
+    """Letta's SourceSchema: a folder."""
+
+    id: str
+    name: str
+    description: str | None = None
+    instructions: str | None = None
+    metadata: dict[str, Any] | None = None
+    embedding: str | None = None
+    embedding_chunk_size: int | None = None
+    embedding_config: FileEmbeddingConfig | None = None
+
+    def embedding_handle(self) -> str | None:
+        """The model the file names: `embedding`, else its config's handle or `<endpoint type>/<model>`."""
+        config = self.embedding_config or FileEmbeddingConfig()
+        return (
+            _handle(self.embedding, config.handle, config.embedding_endpoint_type, config.embedding_model)
+            or None
+        )
+
+    def chunk_size(self) -> int | None:
+        return (
+            self.embedding_chunk_size or (self.embedding_config or FileEmbeddingConfig()).embedding_chunk_size
+        )
+
+
+class FileDocument(_Lenient):
+    """Letta's FileSchema: a file of a source, with its parsed text (`content`)."""
+
+    id: str
+    source_id: str
+    file_name: str | None = None
+    original_file_name: str | None = None
+    file_type: str | None = None
+    file_size: int | None = None
+    content: str | None = None
+
+
+class FileDocumentState(_Lenient):
+    """Letta's FileAgentSchema: an agent's state of a file (open, and the window of lines it sees)."""
+
+    id: str
+    agent_id: str | None = None
+    file_id: str
+    source_id: str | None = None
+    file_name: str | None = None
+    is_open: bool = True
+    visible_content: str | None = None
+    last_accessed_at: datetime | None = None
+    start_line: int | None = None
+    end_line: int | None = None
 
 
 class FileAgent(_Lenient):
@@ -426,12 +644,23 @@ class FileAgent(_Lenient):
     tool_exec_environment_variables: dict[str, str | None] | None = None
     in_context_message_ids: list[str] = Field(default_factory=list)
     messages: list[FileMessage] = Field(default_factory=list)
+    source_ids: list[str] | None = None
+    folder_ids: list[str] | None = None
+    files_agents: list[FileDocumentState] = Field(default_factory=list)
+    max_files_open: int | None = None
+    per_file_view_window_char_limit: int | None = None
+
+    def folder_refs(self) -> list[str]:
+        """The sources the agent has (`source_ids`, and `folder_ids`, which newer clients send), in order."""
+        return list(dict.fromkeys([*(self.source_ids or []), *(self.folder_ids or [])]))
 
 
 class AgentFile(_Lenient):
     agents: list[FileAgent]
     blocks: list[FileBlock] = Field(default_factory=list)
     tools: list[FileTool] = Field(default_factory=list)
+    sources: list[FileSource] = Field(default_factory=list)
+    files: list[FileDocument] = Field(default_factory=list)
 
 
 # --- import -------------------------------------------------------------------------------------------
@@ -505,8 +734,12 @@ def agent_import(
     the importer change that tool. `name`/`model`/`embedding` override the file's; `secrets` fill the
     values export left empty. Only owners and admins (AGENT_FILE_IMPORT_AS_IS) bring in tools bound to
     MCP servers and a pending approval request; for others they are left out and listed in `refused`,
-    with tools kept rather than overwritten. Otherwise all or nothing: raises AgentFileError (dangling
-    references, duplicate ids), ToolSchemaError, InvalidInput, ...
+    with tools kept rather than overwritten. Sources become new folders of the importer's (a name the
+    organisation has gets Letta's random suffix), their files are indexed from the text the file carries
+    (after commit, never parsed again) and attached to the agents as the file left them; `embedding`
+    also embeds those folders. Otherwise all or nothing: raises AgentFileError (dangling references,
+    duplicate ids), AgentFileTooLarge (a file past FOLDER_FILE_MAX_BYTES or the storage quota),
+    ToolSchemaError, InvalidInput, ...
     """
     _check_references(file)
     refused: list[Refusal] = []
@@ -516,7 +749,7 @@ def agent_import(
     )
     refused_tools = {r.name for r in refused if r.kind == "tool" and not r.reason.startswith(KEPT)}
     block_map = {block.id: _create_block(actor, block).id for block in file.blocks if block.id is not None}
-    agent_ids = []
+    agents: dict[str, Agent] = {}
     for file_agent in file.agents:
         agent = _create_agent(
             actor,
@@ -532,8 +765,11 @@ def agent_import(
         )
         if not strip_messages:
             _import_messages(actor, agent, file_agent, as_is=as_is, refused=refused)
-        agent_ids.append(agent.id)
-    return ImportResult(agent_ids=agent_ids, refused=refused)
+        agents[file_agent.id] = agent
+    section = _folder_section()
+    if section is not None:
+        section.import_(actor=actor, file=file, agents=agents, embedding=embedding)
+    return ImportResult(agent_ids=[agent.id for agent in agents.values()], refused=refused)
 
 
 KEPT = "kept the organisation's tool of this name"
@@ -541,13 +777,32 @@ KEPT = "kept the organisation's tool of this name"
 
 def _check_references(file: AgentFile) -> None:
     problems: list[str] = []
-    for kind, ids in (("blocks", [b.id for b in file.blocks]), ("tools", [t.id for t in file.tools])):
+    for kind, ids in (
+        ("agents", [a.id for a in file.agents]),
+        ("blocks", [b.id for b in file.blocks]),
+        ("tools", [t.id for t in file.tools]),
+        ("sources", [s.id for s in file.sources]),
+        ("files", [f.id for f in file.files]),
+    ):
         duplicates = sorted({i for i in ids if i is not None and ids.count(i) > 1})
         if duplicates:
             problems.append(f"duplicate {kind} ids: {', '.join(duplicates)}")
     block_ids = {b.id for b in file.blocks}
     tool_ids = {t.id for t in file.tools}
+    source_ids = {s.id for s in file.sources}
+    source_of_file = {f.id: f.source_id for f in file.files}
+    problems += [
+        f"file {f.id} references unknown source {f.source_id}"
+        for f in file.files
+        if f.source_id not in source_ids
+    ]
     for agent in file.agents:
+        problems += [
+            f"agent {agent.id} references unknown source {i}"
+            for i in agent.folder_refs()
+            if i not in source_ids
+        ]
+        problems += _file_state_problems(agent, source_ids, source_of_file)
         problems += [
             f"agent {agent.id} references unknown block {i}"
             for i in agent.block_ids or []
@@ -572,6 +827,30 @@ def _check_references(file: AgentFile) -> None:
         ]
     if problems:
         raise AgentFileError(f"Invalid agent file: {'; '.join(problems)}")
+
+
+def _file_state_problems(agent: FileAgent, source_ids: set[str], source_of_file: dict[str, str]) -> list[str]:
+    """What is wrong with the agent's files_agents: unknown files or sources, another agent's rows, a source
+    that is not the file's, the same file twice."""
+    problems = []
+    seen: set[str] = set()
+    for state in agent.files_agents:
+        where = f"agent {agent.id} file_agent {state.id}"
+        file_source = source_of_file.get(state.file_id)
+        if state.agent_id is not None and state.agent_id != agent.id:
+            problems.append(f"{where} belongs to agent {state.agent_id}")
+        if state.file_id not in source_of_file:
+            problems.append(f"{where} references unknown file {state.file_id}")
+        elif state.file_id in seen:
+            problems.append(f"{where} repeats file {state.file_id}")
+        if state.source_id is not None and state.source_id not in source_ids:
+            problems.append(f"{where} references unknown source {state.source_id}")
+        elif state.source_id is not None and state.source_id != file_source and file_source in source_ids:
+            problems.append(
+                f"{where} names source {state.source_id}, but file {state.file_id} is in {file_source}"
+            )
+        seen.add(state.file_id)
+    return problems
 
 
 def _import_tools(
@@ -831,11 +1110,11 @@ CLONE_SUFFIX = " copy"
 @transaction.atomic
 def agent_clone(*, actor: Actor, agent_id: str, name: str | None = None) -> Agent:
     """A new agent configured as this one: copies of its blocks (never shared), the same tools, tool rules,
-    model settings and secret values, and its sleeptime setting; no messages. Named "<name> copy" unless
+    model settings and secret values, and its sleeptime setting; no messages and no folders. Named "<name> copy" unless
     `name` is given; secret values only for who may configure the source (others get the keys, as an
     export gives them). Raises AgentNotFound, InvalidInput."""
     source = agent_get(actor=actor, agent_id=agent_id)
-    document = agent_export(actor=actor, agent_id=agent_id, scrub_messages=True)
+    document = agent_export(actor=actor, agent_id=agent_id, scrub_messages=True, include_folders=False)
     may_configure = permissions.allows(actor, Action.AGENT_CONFIGURE, creator_id=source.created_by_id)
     secrets = {
         secret.key: secret.value if may_configure else ""

@@ -1,5 +1,7 @@
 """Ingestion of one uploaded file: parse (bounded, in the parser jail), chunk by tokens, embed in batches with
 the folder's model, then make the file live; the Celery task `folders.ingest_file` calls `ingest_file`.
+A file that arrives with its text (an imported agent file's) skips the parse: `folders.index_file` calls
+`index_file`.
 
 Status moves pending -> parsing -> embedding -> completed, or -> error with the reason, and each move is
 committed as it happens, so a client polling the file sees it. The claim (pending -> parsing) is a
@@ -76,9 +78,14 @@ def _ingest(actor: Actor, file: FileMetadata) -> None:
         raise ParseFailed(
             "No text could be extracted from the file (a scanned PDF needs OCR, which is not done)"
         )
-    folder = file.folder
-    chunks = split_by_tokens(text, chunk_tokens=folder.embedding_chunk_size)
+    chunks = split_by_tokens(text, chunk_tokens=file.folder.embedding_chunk_size)
     FileContent.objects.unscoped().filter(file_id=file.id).update(text=text)
+    _embed(actor, file, text, chunks)
+
+
+def _embed(actor: Actor, file: FileMetadata, text: str, chunks: list[str]) -> None:
+    """Embed the file's chunks batch by batch, then make it live (the step after parsing)."""
+    folder = file.folder
     _set(file, processing_status=FileStatus.EMBEDDING, total_chunks=len(chunks), chunks_embedded=0)
     target = embedding_target(actor=actor, embedding_handle=folder.embedding)
     size = max(1, int(getattr(settings, "LLM_EMBEDDING_BATCH_SIZE", 100)))
@@ -190,3 +197,35 @@ def _fail(file: FileMetadata, reason: str) -> None:
         )
         FileContent.objects.unscoped().filter(file_id=file.id).update(raw=None)
     logger.info("folders.ingest_error", extra={"file_id": file.id, "reason": reason[:200]})
+
+
+# --- files that come with their text (agent files) ---------------------------------------------------------
+
+
+def index_file(file_id: str) -> None:
+    """Chunk and embed a file whose text is already stored (an imported agent file's), then make it live:
+    ingest_file without the parse step, with its statuses and failures. Idempotent: only a file still
+    `parsing` with no upload waiting is claimed (an upload being parsed has one)."""
+    claimed = (
+        FileMetadata.objects.unscoped()
+        .filter(id=file_id, processing_status=FileStatus.PARSING, content__raw__isnull=True)
+        .update(processing_status=FileStatus.EMBEDDING)
+    )
+    if not claimed:
+        return
+    file = FileMetadata.objects.unscoped().select_related("folder").get(id=file_id)
+    actor = Actor.system(file.organization_id)
+    text = FileContent.objects.unscoped().filter(file_id=file.id).values_list("text", flat=True).first() or ""
+    try:
+        if not text.strip():
+            raise ParseFailed("The file has no text; upload it again")
+        _embed(actor, file, text, split_by_tokens(text, chunk_tokens=file.folder.embedding_chunk_size))
+    except FileGone:
+        return
+    except (ParseFailed, DomainError) as exc:
+        _fail(file, exc.reason if isinstance(exc, ParseFailed) else exc.message)
+    except Exception as exc:
+        logger.exception("folders.index_failed", extra={"file_id": file_id})
+        _fail(file, f"Indexing failed unexpectedly ({type(exc).__name__}); the server log has the details")
+        return
+    logger.info("folders.indexed", extra={"file_id": file_id, "chars": len(text)})

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import unicodedata
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -22,6 +24,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from apps.agents import agent_file
 from apps.agents.errors import AgentNotFound
 from apps.agents.models import Agent, AgentTool
 from apps.agents.services import require_agent_permission
@@ -681,3 +684,250 @@ def agent_files_close_all(*, actor: Actor, agent_id: str) -> list[str]:
     agent = _lock_agent(actor, agent_id)
     require_agent_permission(actor, agent)
     return close_files(actor=actor, agent_id=agent.id)
+
+
+# --- agent files (.af): an agent's folders and files, out and back in (apps.agents.agent_file) -------------
+
+NO_TEXT_IN_AGENT_FILE = "The agent file carried no text for this file; upload it again"
+
+
+def agent_file_export_folders(actor: Actor, agent: Agent) -> agent_file.AgentFolders:
+    """What an agent file carries of the agent's folders: the attached folders (in attachment order), the
+    files the agent has with their parsed text, its state of each (open or closed, its window), and its
+    file limits. Reads only."""
+    folders = list(selectors.attached_folders(actor=actor, agent_id=agent.id))
+    order = {folder.id: i for i, folder in enumerate(folders)}
+    states = sorted(
+        AgentFile.objects.for_actor(actor)
+        .filter(agent_id=agent.id, folder_id__in=list(order))
+        .select_related("file"),
+        key=lambda s: (order[s.folder_id], s.file.file_name, s.file_id),
+    )
+    files = [state.file for state in states]
+    texts = selectors.file_texts(actor=actor, file_ids=[file.id for file in files])
+    limits = selectors.agent_file_limits(agent)
+    return agent_file.AgentFolders(
+        folders=[
+            agent_file.ExportedFolder(
+                id=folder.id,
+                name=folder.name,
+                description=folder.description,
+                instructions=folder.instructions,
+                metadata=folder.metadata,
+                embedding=folder.embedding,
+                embedding_dim=folder.embedding_dim,
+                embedding_chunk_size=folder.embedding_chunk_size,
+            )
+            for folder in folders
+        ],
+        files=[
+            agent_file.ExportedFile(
+                id=file.id,
+                folder_id=file.folder_id,
+                file_name=file.file_name,
+                original_file_name=file.original_file_name,
+                file_type=file.file_type,
+                file_size=file.file_size,
+                processing_status=file.processing_status,
+                error_message=file.error_message,
+                total_chunks=file.total_chunks,
+                chunks_embedded=file.chunks_embedded,
+                text=texts.get(file.id, ""),
+            )
+            for file in files
+        ],
+        states=[
+            agent_file.ExportedFileState(
+                file_id=state.file_id,
+                folder_id=state.folder_id,
+                file_name=state.file_name,
+                is_open=state.is_open,
+                visible_content=state.visible_content if state.is_open else "",
+                last_accessed_at=state.last_accessed_at,
+                start_line=state.start_line,
+                end_line=state.end_line,
+            )
+            for state in states
+        ],
+        max_files_open=limits.max_files_open,
+        per_file_view_window_char_limit=limits.per_file_char_limit,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Imported:
+    file: FileMetadata
+    text: str
+
+
+def agent_file_import_folders(
+    *, actor: Actor, file: agent_file.AgentFile, agents: dict[str, Agent], embedding: str | None
+) -> None:
+    """Bring an agent file's sources and files in (agent_import calls this in its transaction, after the
+    agents exist): each source becomes a new folder of the actor's, named as in the file unless the
+    organisation has that name (then Letta's "<name>_<8 hex>"), embedded with `embedding`, else its own
+    model, else the first agent's; each file is stored with the text the file carries and indexed after
+    commit without being parsed again; each agent gets its folders (and the file tools), its file limits,
+    and its files open or closed as the file left them, within max_files_open. Raises AgentFileTooLarge
+    (413) for a file past FOLDER_FILE_MAX_BYTES or the storage quota, before anything of it is stored;
+    InvalidInput, EmbeddingModelMissing, PermissionDenied, DuplicateFolderName from the services."""
+    for document in file.files:
+        _check_imported_size(document)
+    fallback = next((agent.embedding for agent in agents.values() if agent.embedding), None)
+    folders = {}
+    for source in file.sources:
+        handle = embedding or source.embedding_handle() or fallback
+        if not handle:
+            raise agent_file.AgentFileError(
+                f"Invalid agent file: source {source.id} ('{source.name}') names no embedding model; "
+                "give one with `embedding`"
+            )
+        folders[source.id] = folder_create(
+            actor=actor,
+            name=_free_folder_name(actor, source.name),
+            embedding_handle=handle,
+            description=source.description,
+            instructions=source.instructions,
+            metadata=source.metadata,
+            embedding_chunk_size=source.chunk_size(),
+        )
+    imported = {
+        document.id: _import_file(actor, folders[document.source_id], document) for document in file.files
+    }
+    for file_agent in file.agents:
+        agent = agents.get(file_agent.id)
+        if agent is not None:
+            _import_agent_files(actor, agent, file_agent, folders, imported)
+
+
+def _imported_size(document: agent_file.FileDocument) -> int:
+    """What the file counts for: its upload's size as the file says, or its text's if that is larger."""
+    return max(document.file_size or 0, len((document.content or "").encode()))
+
+
+def _check_imported_size(document: agent_file.FileDocument) -> None:
+    try:
+        check_file_size(_imported_size(document))
+    except FileTooLarge as exc:
+        raise agent_file.AgentFileTooLarge(
+            f"Cannot import file {document.id} ('{document.file_name}') of the agent file: {exc.message}"
+        ) from exc
+
+
+def _free_folder_name(actor: Actor, name: str) -> str:
+    """The source's name if the organisation has no folder of that name, else Letta's "<name>_<8 hex>"."""
+    clean = "".join(ch for ch in name if unicodedata.category(ch)[0] != "C").replace("/", "_").strip()
+    clean = (clean or "folder")[:MAX_NAME_LENGTH]
+    if not Folder.objects.for_actor(actor).filter(name=clean).exists():
+        return clean
+    return f"{clean[: MAX_NAME_LENGTH - 9]}_{uuid.uuid4().hex[:8]}"
+
+
+def _import_file(actor: Actor, folder: Folder, document: agent_file.FileDocument) -> _Imported:
+    """Store the file with its text, `parsing` until indexing (enqueued on commit) takes it on; a file
+    without text is stored as failed. Raises AgentFileTooLarge past the storage quota."""
+    text = (document.content or "").replace("\x00", "")
+    name = sanitize_filename(document.file_name or document.original_file_name)
+    size = _imported_size(document)
+    try:
+        _check_quota(actor, size)
+    except FileTooLarge as exc:
+        raise agent_file.AgentFileTooLarge(
+            f"Cannot import file {document.id} ('{document.file_name}') of the agent file: {exc.message}"
+        ) from exc
+    has_text = bool(text.strip())
+    stored = FileMetadata.objects.for_actor(actor).create(
+        folder=folder,
+        file_name=_unique_name(folder, name),
+        original_file_name=sanitize_filename(document.original_file_name or name),
+        file_type=parsing.media_type_for(name, document.file_type) or "text/plain",
+        file_size=size,
+        processing_status=FileStatus.PARSING if has_text else FileStatus.ERROR,
+        error_message="" if has_text else NO_TEXT_IN_AGENT_FILE,
+        created_by_id=actor.user_id,
+    )
+    FileContent.objects.for_actor(actor).create(file=stored, text=text)
+    if has_text:
+        transaction.on_commit(lambda: enqueue_indexing(stored.id))
+    return _Imported(stored, text)
+
+
+def enqueue_indexing(file_id: str) -> None:
+    """Queue `folders.index_file` (or, with RUN_EXECUTOR=in_process, index now in this process)."""
+    if settings.RUN_EXECUTOR == "in_process":
+        from apps.folders.ingest import index_file
+
+        index_file(file_id)
+        return
+    current_app.send_task("folders.index_file", args=[file_id])
+
+
+def _import_agent_files(
+    actor: Actor,
+    agent: Agent,
+    file_agent: agent_file.FileAgent,
+    folders: dict[str, Folder],
+    imported: dict[str, _Imported],
+) -> None:
+    """The agent's file limits (where they differ from its defaults), its folders (those it names and those
+    of its files_agents), and a state for every file of them that has text: the ones the file has open
+    open again at their window (the most recently used first, up to max_files_open), the others closed."""
+    limits = selectors.agent_file_limits(agent)
+    max_open = file_agent.max_files_open
+    per_file = file_agent.per_file_view_window_char_limit
+    max_open = max_open if max_open is not None and max_open != limits.max_files_open else None
+    per_file = per_file if per_file is not None and per_file != limits.per_file_char_limit else None
+    if max_open is not None or per_file is not None:
+        agent_set_file_limits(
+            actor=actor, agent_id=agent.id, max_files_open=max_open, per_file_view_window_char_limit=per_file
+        )
+        limits = selectors.agent_file_limits(agent)
+    folder_ids = [folders[source_id].id for source_id in file_agent.folder_refs()]
+    folder_ids += [imported[state.file_id].file.folder_id for state in file_agent.files_agents]
+    attached = list(dict.fromkeys(folder_ids))
+    for folder_id in attached:
+        agent_attach_folder(actor=actor, agent_id=agent.id, folder_id=folder_id)
+    states = {imported[state.file_id].file.id: state for state in file_agent.files_agents}
+    texts = {item.file.id: item.text for item in imported.values()}
+    now = timezone.now()
+    opening = sorted(
+        (file_id for file_id, state in states.items() if state.is_open and texts[file_id].strip()),
+        key=lambda file_id: _aware(states[file_id].last_accessed_at) or now,
+        reverse=True,
+    )[: limits.max_files_open]
+    for item in imported.values():
+        if item.file.folder_id not in attached or item.file.processing_status == FileStatus.ERROR:
+            continue
+        state = states.get(item.file.id)
+        row = AgentFile(
+            organization_id=actor.organization_id,
+            agent=agent,
+            file=item.file,
+            folder_id=item.file.folder_id,
+            file_name=f"{item.file.folder.name}/{item.file.file_name}",
+            last_accessed_at=(_aware(state.last_accessed_at) if state else None) or now,
+        )
+        if state is not None and item.file.id in opening:
+            _reopen(row, item, state, limits.per_file_char_limit)
+        row.save(force_insert=True)
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
+def _reopen(row: AgentFile, item: _Imported, state: agent_file.FileDocumentState, limit: int) -> None:
+    """Open the row at the lines the file had open (1-indexed start, exclusive end), or at the start when
+    that range is not in this text, cut to the agent's per-file limit."""
+    start = state.start_line - 1 if state.start_line is not None and state.start_line >= 1 else None
+    end = state.end_line if state.end_line is not None and state.end_line >= 1 else None
+    strategy = selectors.line_strategy(item.file)
+    try:
+        window = rendering.view(item.text, strategy, file_name=row.file_name, start=start, end=end)
+    except rendering.RangeError:
+        window = rendering.view(item.text, strategy, file_name=row.file_name)
+        start = end = None
+    row.is_open = True
+    row.visible_content = rendering.within_limit(window, limit)
+    row.start_line = start + 1 if start is not None else None
+    row.end_line = end
