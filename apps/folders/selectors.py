@@ -328,3 +328,29 @@ def _folder_from_json(row: dict[str, Any]) -> Folder:
     for name in ("created_at", "updated_at"):
         fields[name] = parse_datetime(fields[name]) if isinstance(fields[name], str) else fields[name]
     return Folder(**fields)
+
+
+def folder_list_with_usage(*, actor: Actor) -> QuerySet[Folder]:
+    """The organisation's folders by name, each annotated with `file_count` and `total_size` (bytes of its
+    uploads, whatever their status), in one query."""
+    return (
+        Folder.objects.for_actor(actor)
+        .annotate(file_count=Count("files"), total_size=Coalesce(Sum("files__file_size"), 0))
+        .order_by("name", "id")
+    )
+
+
+def file_list_for_folders(*, actor: Actor, folder_ids: Sequence[str]) -> QuerySet[FileMetadata]:
+    """The files of these folders of the actor's organisation, oldest first, in one query."""
+    return (
+        FileMetadata.objects.for_actor(actor)
+        .filter(folder_id__in=list(folder_ids))
+        .order_by("created_at", "id")
+    )
+
+
+def supported_file_types() -> str:
+    """The file types an upload may be, in words (for forms that take files)."""
+    from apps.folders.parsing import SUPPORTED_SUMMARY
+
+    return SUPPORTED_SUMMARY

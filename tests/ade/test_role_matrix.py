@@ -31,6 +31,9 @@ from apps.agents.services import (
 )
 from apps.core.actor import Actor, Role
 from apps.core.permissions import Action, allows
+from apps.folders import services as folder_services
+from apps.folders.ingest import ingest_file
+from apps.folders.models import AgentFile, FileMetadata, Folder
 from apps.llm.models import Provider
 from apps.llm.services import provider_create
 from apps.memory.models import Block, Passage
@@ -228,6 +231,58 @@ def _bystanders_key(world: World, role: str) -> None:
     world.extra["key"] = api_key_create(actor=bystander, user=world.users["bystander"], name="theirs").api_key
 
 
+FOLDER_EMBEDDING = "openai/text-embedding-small-384"
+
+
+def _with_folder(world: World, role: str) -> None:
+    world.extra["folder"] = folder_services.folder_create(
+        actor=world.creator, name="handbook", embedding_handle=FOLDER_EMBEDDING
+    )
+
+
+def _with_file(world: World, role: str) -> None:
+    """The creator's folder with one ingested file (ingested here: the worker's task waits for a commit)."""
+    _with_folder(world, role)
+    result = folder_services.file_upload(
+        actor=world.creator,
+        folder_id=world.extra["folder"].id,
+        filename="notes.txt",
+        content_type="text/plain",
+        data=b"Tea is served at four.\n",
+    )
+    ingest_file(result.file.id)
+    world.extra["file"] = result.file
+
+
+def _with_attached_folder(world: World, role: str) -> None:
+    """The creator attached its folder to its agent: notes.txt is open."""
+    _with_file(world, role)
+    folder_services.agent_attach_folder(
+        actor=world.creator, agent_id=world.agent.id, folder_id=world.extra["folder"].id
+    )
+
+
+def _with_closed_file(world: World, role: str) -> None:
+    _with_attached_folder(world, role)
+    folder_services.agent_file_close(
+        actor=world.creator, agent_id=world.agent.id, file_id=world.extra["file"].id
+    )
+
+
+def _folder_exists(world: World) -> bool:
+    return Folder.objects.unscoped().filter(id=world.extra["folder"].id).exists()
+
+
+def _attached(world: World) -> bool:
+    return Folder.agents.through.objects.filter(
+        agent_id=world.agent.id, folder_id=world.extra["folder"].id
+    ).exists()
+
+
+def _file_open(world: World) -> bool:
+    return AgentFile.objects.unscoped().get(agent_id=world.agent.id, file_id=world.extra["file"].id).is_open
+
+
 def _config(world: World, rest: str) -> str:
     return f"/agents/{world.agent.id}/config/{rest}"
 
@@ -388,6 +443,90 @@ CASES = [
         allowed_status=(422,),
         takes_effect=False,
     ),
+    # --- folder pages -------------------------------------------------------------------------------------
+    Case(
+        "create a folder",
+        Action.ARCHIVE_CREATE,
+        lambda c, w: c.post(
+            reverse("ade:folder-create"), {"name": "fresh", "embedding": FOLDER_EMBEDDING}, **HTMX
+        ),
+        lambda w: Folder.objects.unscoped().filter(name="fresh").exists(),
+        by_creator=False,
+        allowed_status=(204,),
+    ),
+    Case(
+        "delete a folder",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(reverse("ade:folder-delete", args=[w.extra["folder"].id]), **HTMX),
+        lambda w: not _folder_exists(w),
+        prepare=_with_folder,
+    ),
+    Case(
+        "upload a file to a folder",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:folder-upload", args=[w.extra["folder"].id]),
+            {"file": SimpleUploadedFile("new.txt", b"fresh", content_type="text/plain")},
+            **HTMX,
+        ),
+        lambda w: FileMetadata.objects.unscoped().filter(file_name="new.txt").exists(),
+        prepare=_with_folder,
+    ),
+    Case(
+        "delete a file of a folder",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:folder-file-delete", args=[w.extra["folder"].id, w.extra["file"].id]), **HTMX
+        ),
+        lambda w: not FileMetadata.objects.unscoped().filter(id=w.extra["file"].id).exists(),
+        prepare=_with_file,
+    ),
+    # --- the workspace's Folders panel (the agent's creator's folder: AGENT_CONFIGURE and ARCHIVE_WRITE) --
+    Case(
+        "attach a folder to the agent",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:workspace-folder-attach", args=[w.agent.id]),
+            {"folder": w.extra["folder"].id},
+            **HTMX,
+        ),
+        _attached,
+        prepare=_with_file,
+    ),
+    Case(
+        "detach a folder from the agent",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:workspace-folder-detach", args=[w.agent.id, w.extra["folder"].id]), **HTMX
+        ),
+        lambda w: not _attached(w),
+        prepare=_with_attached_folder,
+    ),
+    Case(
+        "open a file for the agent",
+        Action.AGENT_CONFIGURE,
+        lambda c, w: c.post(
+            reverse("ade:workspace-file-open", args=[w.agent.id, w.extra["file"].id]), **HTMX
+        ),
+        _file_open,
+        prepare=_with_closed_file,
+    ),
+    Case(
+        "close a file of the agent",
+        Action.AGENT_CONFIGURE,
+        lambda c, w: c.post(
+            reverse("ade:workspace-file-close", args=[w.agent.id, w.extra["file"].id]), **HTMX
+        ),
+        lambda w: not _file_open(w),
+        prepare=_with_attached_folder,
+    ),
+    Case(
+        "close all the agent's files",
+        Action.AGENT_CONFIGURE,
+        lambda c, w: c.post(reverse("ade:workspace-files-close-all", args=[w.agent.id]), **HTMX),
+        lambda w: not _file_open(w),
+        prepare=_with_attached_folder,
+    ),
     # --- conversation column ------------------------------------------------------------------------------
     Case(
         "approve a pending tool call",
@@ -525,10 +664,9 @@ def test_every_matrix_action_the_ade_offers_is_driven() -> None:
         Action.SANDBOX_MANAGE,
         Action.API_KEY_MINT_FOR_OTHERS,
         Action.MEMBER_MANAGE,
-        # No ADE pages yet (issue 18): the API's tests drive them.
+        # No ADE pages yet (issue 18): the API's tests drive them. (Archives share ARCHIVE_CREATE and
+        # ARCHIVE_WRITE with folders, whose pages drive them above.)
         Action.CONVERSATION_WRITE,
-        Action.ARCHIVE_CREATE,
-        Action.ARCHIVE_WRITE,
         Action.IDENTITY_CREATE,
         Action.IDENTITY_WRITE,
     }

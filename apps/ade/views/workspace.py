@@ -1,8 +1,9 @@
 """ADE: the agent workspace page, three columns like Letta's ADE.
 
 Left, configuration (views/config.py); centre, the conversation (views/conversation.py); right,
-memory (views/memory.py). Each column module owns its partials and actions and gives this page its
-initial context through `column_context`.
+memory (views/memory.py), with the agent's folders and files (views/folders.py, `panel_context`). Each
+column module owns its partials and actions and gives this page its initial context through
+`column_context`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import path
 
-from apps.ade.views import config, conversation, memory
+from apps.ade.views import config, conversation, folders, memory
 from apps.ade.views.base import AdeRequest, ade_view
 from apps.agents.selectors import agent_state_get
 from apps.llm.selectors import llm_configured
@@ -26,6 +27,7 @@ def agent_workspace(request: AdeRequest, agent_id: str) -> HttpResponse:
         **config.column_context(request, agent),
         **conversation.column_context(request, agent),
         **memory.column_context(request, agent),
+        **folders.panel_context(request, agent),
     }
     return render(request, "ade/workspace/page.html", context)
 
@@ -35,4 +37,5 @@ urlpatterns = [
     *config.urlpatterns,
     *conversation.urlpatterns,
     *memory.urlpatterns,
+    *folders.workspace_urlpatterns,
 ]
