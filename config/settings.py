@@ -223,6 +223,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "agents.recover_runs",
         "schedule": env.float("RUN_RECOVERY_INTERVAL", default=15.0),
     },
+    "recover-files": {  # folder files whose ingesting worker died end as error (apps.folders.recovery)
+        "task": "folders.recover_files",
+        "schedule": env.float("RUN_RECOVERY_INTERVAL", default=15.0),
+    },
 }
 
 # LLM providers from the environment; organisation credentials (apps.llm.Provider) take precedence.

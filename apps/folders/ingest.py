@@ -25,7 +25,7 @@ from django.db import transaction
 from apps.agents.models import Agent
 from apps.core.actor import Actor
 from apps.core.errors import DomainError
-from apps.folders import rendering, selectors
+from apps.folders import recovery, rendering, selectors
 from apps.folders.isolation import parse_bounded
 from apps.folders.models import AgentFile, FileChunk, FileContent, FileMetadata, FileStatus, Folder
 from apps.folders.parsing import ParseFailed
@@ -42,14 +42,23 @@ class FileGone(Exception):
 
 
 def ingest_file(file_id: str) -> None:
-    """Take a pending file to completed (or error). Idempotent: a file that is not pending is left alone."""
-    claimed = (
-        FileMetadata.objects.unscoped()
-        .filter(id=file_id, processing_status=FileStatus.PENDING)
-        .update(processing_status=FileStatus.PARSING)
-    )
-    if not claimed:
+    """Take a pending file to completed (or error). Idempotent: a file that is not pending is left alone.
+    The file's lease (apps.folders.recovery) is held from before the claim until the file is final."""
+    if not recovery.take_lease(file_id):
         return
+    try:
+        claimed = (
+            FileMetadata.objects.unscoped()
+            .filter(id=file_id, processing_status=FileStatus.PENDING)
+            .update(processing_status=FileStatus.PARSING)
+        )
+        if claimed:
+            _ingest_claimed(file_id)
+    finally:
+        recovery.drop_lease(file_id)
+
+
+def _ingest_claimed(file_id: str) -> None:
     file = FileMetadata.objects.unscoped().select_related("folder").get(id=file_id)
     actor = Actor.system(file.organization_id)
     started = time.monotonic()
@@ -130,9 +139,12 @@ def _check_dimension(folder: Folder, dimension: int) -> None:
 
 
 def _set(file: FileMetadata, **fields: Any) -> None:
-    """Move the file's status (committed at once, so it is visible); raises FileGone if it was deleted."""
-    if not FileMetadata.objects.unscoped().filter(id=file.id).update(**fields):
+    """Move the file's status (committed at once, so it is visible) and renew its lease; raises FileGone
+    if it was deleted, or failed meanwhile (recovery took it for lost: nothing more may be written)."""
+    taken = FileMetadata.objects.unscoped().filter(id=file.id).exclude(processing_status=FileStatus.ERROR)
+    if not taken.update(**fields):
         raise FileGone
+    recovery.renew_lease(file.id)
     for name, value in fields.items():
         setattr(file, name, value)
 
@@ -146,7 +158,7 @@ def _complete(actor: Actor, file: FileMetadata, text: str) -> None:
         .filter(id=file.id)
         .first()
     )
-    if locked is None:
+    if locked is None or locked.processing_status == FileStatus.ERROR:  # deleted, or failed as lost
         raise FileGone
     if locked.replaces_id is not None:
         _take_the_place_of(actor, locked, text)
@@ -204,15 +216,23 @@ def _fail(file: FileMetadata, reason: str) -> None:
 
 def index_file(file_id: str) -> None:
     """Chunk and embed a file whose text is already stored (an imported agent file's), then make it live:
-    ingest_file without the parse step, with its statuses and failures. Idempotent: only a file still
-    `parsing` with no upload waiting is claimed (an upload being parsed has one)."""
-    claimed = (
-        FileMetadata.objects.unscoped()
-        .filter(id=file_id, processing_status=FileStatus.PARSING, content__raw__isnull=True)
-        .update(processing_status=FileStatus.EMBEDDING)
-    )
-    if not claimed:
+    ingest_file without the parse step, with its statuses, failures and lease. Idempotent: only a file
+    still `parsing` with no upload waiting is claimed (an upload being parsed has one)."""
+    if not recovery.take_lease(file_id):
         return
+    try:
+        claimed = (
+            FileMetadata.objects.unscoped()
+            .filter(id=file_id, processing_status=FileStatus.PARSING, content__raw__isnull=True)
+            .update(processing_status=FileStatus.EMBEDDING)
+        )
+        if claimed:
+            _index_claimed(file_id)
+    finally:
+        recovery.drop_lease(file_id)
+
+
+def _index_claimed(file_id: str) -> None:
     file = FileMetadata.objects.unscoped().select_related("folder").get(id=file_id)
     actor = Actor.system(file.organization_id)
     text = FileContent.objects.unscoped().filter(file_id=file.id).values_list("text", flat=True).first() or ""

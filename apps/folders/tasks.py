@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from apps.folders.ingest import index_file, ingest_file
+from apps.folders.recovery import fail_interrupted_files
 
 
 @shared_task(name="folders.ingest_file", acks_late=True, reject_on_worker_lost=True, time_limit=3600)
@@ -17,3 +18,9 @@ def ingest_file_task(file_id: str) -> None:
 def index_file_task(file_id: str) -> None:
     """Chunk and embed a file that came with its text (agent-file import). Idempotent, as ingest_file_task."""
     index_file(file_id)
+
+
+@shared_task(name="folders.recover_files", acks_late=True, time_limit=120)
+def recover_files_task() -> None:
+    """Periodic (beat): fail the files whose ingesting worker died (apps.folders.recovery)."""
+    fail_interrupted_files()
