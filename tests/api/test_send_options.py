@@ -150,3 +150,30 @@ def test_token_data_fields_are_refused_by_name_not_dropped(client, actor, llm, c
     assert response.json()["detail"].startswith(f"{field}: not supported")
     assert defaults.status_code == 200  # the SDK's defaults ask for nothing
     assert Run.objects.for_actor(actor).count() == 1
+
+
+@worker
+def test_include_return_message_types_filters_an_async_runs_stream_and_can_ask_for_the_user_message(
+    client, actor, llm, celery_worker
+):
+    agent = new_agent(actor)
+    llm.push(text("Hello", reasoning="Greet back."), text("Hi again", reasoning="Once more."))
+    wanted = ["user_message", "assistant_message"]
+
+    blocking = send(client, agent.id, {**user("hi"), "include_return_message_types": wanted})
+    queued = client.post(
+        f"/v1/agents/{agent.id}/messages/async",
+        {**user("later"), "include_return_message_types": ["assistant_message"]},
+        format="json",
+    ).json()
+    wait_for_run(queued["id"])
+    streamed = sse_events(client.post(f"/v1/runs/{queued['id']}/stream", {}, format="json"))
+
+    assert [(m["message_type"], m.get("content")) for m in blocking.json()["messages"]] == [
+        ("user_message", "hi"),
+        ("assistant_message", "Hello"),
+    ]
+    messages = [data for _, data in streamed if isinstance(data, dict) and "message_type" in data]
+    assert [
+        m["message_type"] for m in messages if m["message_type"] not in ("stop_reason", "usage_statistics")
+    ] == ["assistant_message"]

@@ -47,6 +47,7 @@ from apps.api.errors import internal_error_response
 from apps.api.serializers import agents as agent_serializers
 from apps.api.serializers import messages as s
 from apps.api.sse import StreamOptions, run_sse, sse_response
+from apps.core.actor import Actor
 from apps.core.errors import Conflict, NotFound
 from apps.core.pagination import PageParams
 
@@ -169,7 +170,7 @@ class MessageSendApiView(OrgApiView):
                 },
                 status=FAILED_RUN_STATUS[finished.stop_reason],
             )
-        return Response(letta_response(collected, send.include_return_message_types))
+        return Response(letta_response(collected, send.include_return_message_types, actor=self.actor))
 
 
 FAILED_RUN_STATUS = {
@@ -190,7 +191,9 @@ def blocking_wait_s(request: Request) -> float:
     return max(1.0, min(client_timeout - READ_TIMEOUT_MARGIN_S, settings.BLOCKING_WAIT_SECONDS))
 
 
-def letta_response(collected: agent_services.CollectedRun, include: frozenset[str] | None) -> dict[str, Any]:
+def letta_response(
+    collected: agent_services.CollectedRun, include: frozenset[str] | None, *, actor: Actor
+) -> dict[str, Any]:
     """LettaResponse (letta_api.md 5.1): only what the agent produced in this run."""
     run = collected.run
     usage = collected.usage or {
@@ -201,8 +204,13 @@ def letta_response(collected: agent_services.CollectedRun, include: frozenset[st
         "step_count": 0,
         "run_ids": [run.id],
     }
+    messages = filter_types(collected.messages, include)
+    if include and "user_message" in include:  # asked for: the run's input comes first, as on Letta
+        inputs = agent_selectors.run_message_list(actor=actor, run_id=run.id)
+        given = inputs.filter(role=Message.Role.USER).order_by("sequence_id")
+        messages = [*(form for m in given for form in to_letta_messages(m)), *messages]
     return {
-        "messages": filter_types(collected.messages, include),
+        "messages": messages,
         "stop_reason": collected.stop_reason
         or {"message_type": "stop_reason", "stop_reason": run.stop_reason or "error"},
         "usage": {

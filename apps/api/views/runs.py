@@ -157,8 +157,10 @@ class RunStreamApi(OrgApiView):
         data.is_valid(raise_exception=True)
         run = agent_selectors.run_get(actor=self.actor, run_id=run_id)
         config = run.request_config or {}
+        types = config.get("include_return_message_types")  # what the send asked for (async runs too)
         options = StreamOptions(
             stream_tokens=bool(config.get("stream_tokens")),
+            include_types=frozenset(types) if types else None,
             include_pings=data.validated_data["include_pings"] is not False,
             approval_tools=agent_selectors.agent_approval_tool_names(actor=self.actor, agent_id=run.agent_id)
             | {tool["name"] for tool in config.get("client_tools") or []},
