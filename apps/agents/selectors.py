@@ -95,9 +95,13 @@ def agent_state_list(
     query_text: str | None = None,
     created_by_id: str | None = None,
     last_stop_reason: str | None = None,
+    show_hidden: bool = True,
 ) -> QuerySet[Agent]:
-    """Agents for AgentState lists; `query_text` matches names case-insensitively."""
+    """Agents for AgentState lists; `query_text` matches names case-insensitively; hidden agents (created
+    with `hidden`) only with `show_hidden` (the API's show_hidden_agents, false by default as on Letta)."""
     qs = agent_state_queryset(actor=actor)
+    if not show_hidden:
+        qs = qs.filter(hidden=False)
     if name:
         qs = qs.filter(name=name)
     if tags:

@@ -72,3 +72,18 @@ def test_blocks_filter_by_search_terms_counts_and_hidden(actor, api_client_for):
     ]
     assert client.get("/v1/blocks/count", {"value_search": "tea"}).json() == 1
     assert client.get("/v1/blocks/", {"project_id": "p"}).status_code == 422
+
+
+def test_hidden_agents_are_listed_and_counted_only_with_show_hidden_agents(actor, api_client_for):  # type: ignore[no-untyped-def]
+    client = api_client_for(actor)
+    client.post("/v1/agents/", {"name": "visible"}, format="json")
+    client.post("/v1/agents/", {"name": "subagent", "hidden": True}, format="json")
+
+    default = names(client.get("/v1/agents/"))
+    shown = names(client.get("/v1/agents/", {"show_hidden_agents": "true"}))
+    counted = client.get("/v1/agents/count").json()
+    counted_all = client.get("/v1/agents/count", {"show_hidden_agents": "true"}).json()
+
+    assert default == ["visible"]
+    assert sorted(shown) == ["subagent", "visible"]
+    assert (counted, counted_all) == (1, 2)

@@ -69,6 +69,7 @@ class AgentListQueryIn(serializers.Serializer):
     project_id = serializers.CharField(required=False)
     template_id = serializers.CharField(required=False)
     base_template_id = serializers.CharField(required=False)
+    show_hidden_agents = serializers.BooleanField(required=False, default=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         refuse_unsupported(
@@ -87,6 +88,7 @@ def _agent_list(actor: Actor, request: Request) -> tuple[QuerySet[Agent], str]:
         for key in ("name", "query_text", "match_all_tags", "created_by_id", "last_stop_reason")
         if key in params
     }
+    filters["show_hidden"] = bool(params.get("show_hidden_agents"))
     qs = agent_selectors.agent_state_list(actor=actor, tags=request.query_params.getlist("tags"), **filters)
     qs = identity_selectors.filter_agents_by_identity(
         qs,
