@@ -346,3 +346,29 @@ def test_an_owner_who_is_not_a_superuser_cannot_raise_the_organisations_step_lim
     assert response.status_code == 403
     org.refresh_from_db()
     assert org.max_steps_limit is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("memory_mb", "999999", "must be at most"),
+        ("timeout_seconds", "0", "must be at least 1"),
+        ("cpus", "64", "must be at most"),
+    ],
+)
+def test_the_admins_sandbox_config_form_keeps_the_platforms_limits(
+    client, make_staff, org, field, value, error
+):
+    from apps.sandbox.models import SandboxConfig
+
+    client.force_login(make_staff(Role.ADMIN))
+    config = SandboxConfig.all_objects.create(organization=org)
+    url = reverse("admin:sandbox_sandboxconfig_change", args=[config.pk])
+    data = form_data(client.get(url).content.decode(), "sandboxconfig_form")
+
+    response = client.post(url, {**data, field: [value]})
+
+    assert response.status_code == 200  # the form again, with the error on the field
+    assert error in response.content.decode()
+    config.refresh_from_db()
+    assert str(getattr(config, field)) != value
