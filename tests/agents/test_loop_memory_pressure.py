@@ -156,3 +156,56 @@ def test_a_provider_context_overflow_is_compacted_and_the_step_retried(make_agen
     assert result.stop_reason == "end_turn"
     assert result.messages[-1].text == "Fits now."
     assert Message.all_objects.filter(agent=agent, role="summary").count() == 1
+
+
+def _overflowing_agent(make_agent, send, llm):
+    agent = make_agent(include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+    for i in range(4):
+        send(agent, f"Message {i}: {LONG}")
+    llm.reset()
+    return agent
+
+
+def test_a_provider_error_on_the_retry_after_compaction_stops_with_llm_api_error(make_agent, send, llm):
+    from apps.agents.models import Step
+    from tests.support.scripted_llm import context_length_exceeded, error
+
+    agent = _overflowing_agent(make_agent, send, llm)
+    llm.push(context_length_exceeded(), text("summary of earlier talk"), error(400, "bad request on retry"))
+
+    result = send(agent, "hello again")
+
+    assert result.stop_reason == "llm_api_error"
+    assert (result.run.status, "bad request on retry" in result.run.error["message"]) == ("failed", True)
+    assert Step.all_objects.get(run=result.run).status == Step.Status.FAILED
+
+
+def test_a_summariser_that_fails_during_compaction_stops_with_llm_api_error(make_agent, send, llm):
+    from apps.agents.models import Step
+    from tests.support.scripted_llm import context_length_exceeded, error
+
+    agent = _overflowing_agent(make_agent, send, llm)
+    llm.push(context_length_exceeded(), error(400, "the summariser was refused"))
+
+    result = send(agent, "hello again")
+
+    assert result.stop_reason == "llm_api_error"
+    assert "the summariser was refused" in result.run.error["message"]
+    assert Step.all_objects.get(run=result.run).status == Step.Status.FAILED
+
+
+def test_a_summariser_that_fails_when_the_window_fills_stops_with_llm_api_error(make_agent, send, llm):
+    from tests.support.scripted_llm import error
+
+    agent = make_agent(context_window_limit=1200, include_base_tools=False)
+    llm.configure(strict=False, default_turn={"content": "Noted."})
+    # Only the summariser's request carries the oldest message (its transcript): it alone is refused.
+    llm.push(error(400, "no summary for you", when_last_user_contains="Message 0:", persist=True))
+
+    results = [send(agent, f"Message {i}: {LONG}") for i in range(8)]
+
+    failed = [r for r in results if r.stop_reason != "end_turn"]
+    assert failed
+    assert {r.stop_reason for r in failed} == {"llm_api_error"}
+    assert "no summary for you" in failed[0].run.error["message"]

@@ -365,6 +365,25 @@ def _loop(state: LoopState) -> StopRun:
     return StopRun(StopReason.MAX_STEPS)
 
 
+def _call_llm_compacting_once(state: LoopState, *, step_id: str, message_id: str) -> llm.ChatResponse:
+    """The step's call on the compiled context; when the provider says it overflows, compact once and
+    call again. A second overflow is the provider's refusal (LLMApiError). Raises LLM errors, StopRun."""
+    try:
+        return _call_llm(state, _prepare_request(state), step_id=step_id, message_id=message_id)
+    except ContextWindowExceeded:
+        pass  # compact outside the handler: the summariser's own failure must not chain to this overflow
+    _compact(state, trigger="provider_overflow")
+    try:
+        return _call_llm(state, _prepare_request(state), step_id=step_id, message_id=message_id)
+    except ContextWindowExceeded as exc:
+        raise LLMApiError(
+            f"The context still exceeds the model's window after compaction: {exc.message}",
+            status=400,
+            provider_message=exc.provider_message,
+            attempts=1,
+        ) from exc
+
+
 def _deadline_error(state: LoopState) -> str:
     """What a run past its deadline says (stop reason `error`, as Letta has no reason of its own for it)."""
     return f"Stopped after {state.usage.step_count} step(s): {state.deadline.reason}."
@@ -372,8 +391,6 @@ def _deadline_error(state: LoopState) -> str:
 
 def _step(state: LoopState) -> StopRun | None:
     """One LLM call and the tool calls it asked for. Returns why to stop, or None to go on."""
-    """One LLM call and the tool calls it asked for."""
-    request = _prepare_request(state)
     step = Step(
         organization_id=state.actor.organization_id,
         agent=state.agent,
@@ -385,11 +402,8 @@ def _step(state: LoopState) -> StopRun | None:
         context_window_limit=state.context_window,
     )
     assistant_id = new_message_id()  # known before the call, so streamed chunks carry the stored id
-    try:
-        response = _call_llm(state, request, step_id=step.id, message_id=assistant_id)
-    except ContextWindowExceeded:
-        _compact(state, trigger="provider_overflow")
-        response = _call_llm(state, _prepare_request(state), step_id=step.id, message_id=assistant_id)
+    try:  # compacting calls the model too (the summariser): its failures end the step the same way
+        response = _call_llm_compacting_once(state, step_id=step.id, message_id=assistant_id)
     except (LLMApiError, InvalidLLMResponse) as exc:
         _save_failed_step(state, step, exc)
         if isinstance(exc, LLMDeadlineExceeded) and exc.deadline is state.deadline:
