@@ -501,8 +501,9 @@ def test_attach_a_folder_open_and_close_its_files_then_detach_it(owner_client, a
     notes = stored(actor, folder, "notes.txt", documents.TEXT)
     guide = stored(actor, folder, "guide.md", b"# Guide\n\nRead me.\n")
     waiting = stored(actor, folder, "later.txt", b"later", ingest=False)
-    workspace = owner_client.get(f"/agents/{agent.id}/").content.decode()
+    page = owner_client.get(f"/agents/{agent.id}/").content.decode()
     base = f"/agents/{agent.id}/"
+    workspace = owner_client.get(f"{base}folders/", **HTMX).content.decode()  # loaded when opened
 
     attach = owner_client.post(f"{base}folders/attach/", {"folder": folder.id}, **HTMX)
     attached = attach.content.decode()
@@ -514,7 +515,8 @@ def test_attach_a_folder_open_and_close_its_files_then_detach_it(owner_client, a
     states_after_close_all = (_state(agent, notes), _state(agent, guide))
     detach = owner_client.post(f"{base}folders/{folder.id}/detach/", **HTMX)
 
-    assert 'data-testid="folders-section"' in workspace
+    assert 'data-testid="folders-section"' in page
+    assert 'data-testid="no-attached-folders"' not in page  # no folders yet: the section loads when opened
     assert 'data-testid="no-attached-folders"' in workspace
     assert '<option value="' + folder.id + '">handbook</option>' in workspace
     assert attach.status_code == 200

@@ -19,7 +19,7 @@ def _stdio(settings):  # type: ignore[no-untyped-def]
     settings.MCP_STDIO_COMMANDS = [PYTHON]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
     settings.MCP_LIST_TOOLS_TIMEOUT = 8.0
-    settings.MCP_REGISTER_INLINE_SECONDS = 1.0
+    settings.MCP_REGISTER_INLINE_SECONDS = 3.0  # a quick server starts in about 1 s: room for a slow machine
 
 
 def add(client, name: str, config: dict) -> tuple[dict, float]:  # type: ignore[no-untyped-def]

@@ -296,6 +296,14 @@ class PanelFolder:
     can_detach: bool = False
 
 
+def workspace_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
+    """The workspace page's Folders section: rendered with the page when the agent has folders, else
+    loaded when first opened (an agent without folders costs its page nothing more)."""
+    if not selectors.attached_folders(actor=request.actor, agent_id=agent.id).exists():
+        return {"files_panel_deferred": True}
+    return panel_context(request, agent)
+
+
 def panel_context(request: AdeRequest, agent: Agent, **extra: Any) -> dict[str, Any]:
     """What ade/workspace/_folders.html needs: the agent's folders in attachment order with their files and
     which are open, and the folders the viewer may attach."""

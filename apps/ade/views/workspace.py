@@ -1,7 +1,7 @@
 """ADE: the agent workspace page, three columns like Letta's ADE.
 
 Left, configuration (views/config.py); centre, the conversation (views/conversation.py); right,
-memory (views/memory.py), with the agent's folders and files (views/folders.py, `panel_context`). Each
+memory (views/memory.py), with the agent's folders and files (views/folders.py, `workspace_context`). Each
 column module owns its partials and actions and gives this page its initial context through
 `column_context`.
 """
@@ -27,7 +27,7 @@ def agent_workspace(request: AdeRequest, agent_id: str) -> HttpResponse:
         **config.column_context(request, agent),
         **conversation.column_context(request, agent),
         **memory.column_context(request, agent),
-        **folders.panel_context(request, agent),
+        **folders.workspace_context(request, agent),
     }
     return render(request, "ade/workspace/page.html", context)
 
