@@ -23,7 +23,6 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -139,27 +138,17 @@ def run_jailed_python(source: str, stdin: bytes, *, timeout: float, max_bytes: i
     launch = parser_launch()
     limits = replace(PARSER_LIMITS, cpu_seconds=int(timeout) + 1)
     hidden = (str(settings.BASE_DIR), str(settings.DATA_DIR), str(Path.home()))
-    info_read, info_write = os.pipe()
-    argv = jail.jail_command(
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    return jail.run(
         [launch.python, "-I", "-S", "-c", source],
         limits=limits,
         read_only=launch.read_only,
         hidden=hidden,
-        info_fd=info_write,
-    )
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         env=env,
-        cwd="/",
-        start_new_session=True,
-        pass_fds=(info_write,),
+        stdin=stdin,
+        timeout=timeout,
+        max_bytes=max_bytes,
     )
-    os.close(info_write)
-    return jail.pump(process, info_read, stdin, time.monotonic() + timeout, max_bytes)
 
 
 def _parse_in_process_child(data: bytes, media_type: str, *, timeout: float) -> str:

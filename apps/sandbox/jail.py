@@ -228,6 +228,40 @@ def pump(
     return result
 
 
+def run(
+    command: Sequence[str],
+    *,
+    limits: JailLimits,
+    read_only: Iterable[str],
+    hidden: Iterable[str],
+    env: dict[str, str],
+    stdin: bytes,
+    timeout: float,
+    max_bytes: int,
+) -> JailOutput:
+    """Run `command` jailed with `env` (never the caller's environment), feed it `stdin`, and collect its
+    output as `pump` does: killed as a whole at `timeout` seconds or past `max_bytes` of output."""
+    info_read, info_write = os.pipe()
+    argv = jail_command(command, limits=limits, read_only=read_only, hidden=hidden, info_fd=info_write)
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            pass_fds=(info_write,),
+        )
+    except BaseException:
+        os.close(info_read)
+        raise
+    finally:
+        os.close(info_write)
+    return pump(process, info_read, stdin, time.monotonic() + timeout, max_bytes)
+
+
 def _child_pid(info: bytes) -> int | None:
     """bwrap's --info-fd JSON: {"child-pid": N, ...}; None when it has not been written (yet)."""
     try:

@@ -9,8 +9,6 @@ Without bubblewrap nothing runs: the outcome says how to install it.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,35 +77,19 @@ def run_tool_locally(
         file_size_mb=limits.tmpfs_mb,
         tmpfs_mb=limits.tmpfs_mb,
     )
-    info_read, info_write = os.pipe()
-    argv = jail.jail_command(
-        [python, "-I", "-c", WRAPPER, RUNNER_SOURCE],
-        limits=jail_limits,
-        read_only=_interpreter_paths(python),
-        hidden=(*hidden, str(Path.home())),
-        info_fd=info_write,
-    )
     # The tool's variables travel in the payload, set by the runner inside the jail: setpriv and bwrap
     # run on the host (as root, when we are) and must never see a tenant's LD_PRELOAD or LD_DEBUG_OUTPUT.
     jail_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
     jail_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    stream = jail.run(
+        [python, "-I", "-c", WRAPPER, RUNNER_SOURCE],
+        limits=jail_limits,
+        read_only=_interpreter_paths(python),
+        hidden=(*hidden, str(Path.home())),
         env=jail_env,
-        cwd="/",
-        start_new_session=True,
-        pass_fds=(info_write,),
-    )
-    os.close(info_write)
-    stream = jail.pump(
-        process,
-        info_read,
-        tool_payload(boundary, source_code, name, arguments, env),
-        time.monotonic() + limits.timeout_seconds,
-        limits.max_output_bytes,
+        stdin=tool_payload(boundary, source_code, name, arguments, env),
+        timeout=limits.timeout_seconds,
+        max_bytes=limits.max_output_bytes,
     )
     if stream.timed_out:
         return failed(
@@ -132,7 +114,7 @@ def run_tool_locally(
             )
         else:
             why = (
-                f"Tool '{name}' exited with code {process.returncode} before returning "
+                f"Tool '{name}' exited with code {stream.returncode} before returning "
                 "(killed by a resource limit?)."
             )
         return failed(why, printed, stream.stderr)
