@@ -37,7 +37,9 @@ def data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def start_platform(data_dir: Path, port: int, **extra_env: str) -> tuple[subprocess.Popen[str], Path]:
+def start_platform(
+    data_dir: Path, port: int, *, startup_timeout: float = 120, **extra_env: str
+) -> tuple[subprocess.Popen[str], Path]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -62,7 +64,7 @@ def start_platform(data_dir: Path, port: int, **extra_env: str) -> tuple[subproc
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/health/", timeout=2).status_code == 200:
@@ -106,7 +108,10 @@ def test_make_run_makes_the_sandbox_image_and_answers_the_first_tool_call_from_d
     port = free_port()
     data_dir.mkdir(parents=True)
     try:
-        process, log = start_platform(data_dir, port, SANDBOX_BASE_IMAGE=image, SANDBOX_PULL_IMAGES="false")
+        # Building the image comes first: allow for it on a loaded machine (CI once took over 120 s).
+        process, log = start_platform(
+            data_dir, port, startup_timeout=360, SANDBOX_BASE_IMAGE=image, SANDBOX_PULL_IMAGES="false"
+        )
         ran = httpx.post(
             f"http://127.0.0.1:{port}/v1/tools/run",
             headers={"Authorization": f"Bearer {API_KEY}"},
