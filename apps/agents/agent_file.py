@@ -33,6 +33,7 @@ from apps.agents.loop.convert import text_of
 from apps.agents.models import Agent, AgentSecret, AgentType, Conversation, Message
 from apps.agents.selectors import agent_get
 from apps.agents.services import BlockSpec, agent_create, agent_update
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE, thread_system_message_id
 from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, InvalidInput, NotFound, PermissionDenied
@@ -269,20 +270,28 @@ def agent_export(
 def _messages_for_export(
     actor: Actor, agent: Agent, conversation_id: str | None
 ) -> tuple[list[Message], list[Message]]:
-    """(in-context messages, messages to write): the context in order, or the 50 most recent of the
-    thread when the context is empty (Letta's rule; they are then written but not in context)."""
+    """(in-context messages, messages to write): the thread's stored system message, then the context in
+    order, or the 50 most recent of the thread when the context is empty (Letta's rule; they are then
+    written but not in context)."""
     conversation = None
     if conversation_id:
         conversation = Conversation.objects.for_actor(actor).filter(id=conversation_id, agent=agent).first()
         if conversation is None:
             raise NotFound(f"Conversation with id '{conversation_id}' not found")
     ids = conversation.message_ids if conversation else agent.message_ids
+    system_id = thread_system_message_id(agent.id, conversation_id)
+    by_id = {m.id: m for m in Message.objects.for_actor(actor).filter(agent=agent, id__in=[system_id, *ids])}
+    system = [by_id[system_id]] if system_id in by_id else []
     if ids:
-        by_id = {m.id: m for m in Message.objects.for_actor(actor).filter(agent=agent, id__in=ids)}
-        in_context = [by_id[i] for i in ids if i in by_id]
+        in_context = [*system, *(by_id[i] for i in ids if i in by_id)]
         return in_context, in_context
-    recent = Message.objects.for_actor(actor).filter(agent=agent, conversation=conversation)
-    return [], list(reversed(recent.order_by("-sequence_id")[:RECENT_MESSAGES_WHEN_NO_CONTEXT]))
+    recent = (
+        Message.objects.for_actor(actor)
+        .filter(agent=agent, conversation=conversation)
+        .exclude(THREAD_SYSTEM_MESSAGE)
+        .order_by("-sequence_id")
+    )
+    return system, [*system, *reversed(recent[:RECENT_MESSAGES_WHEN_NO_CONTEXT])]
 
 
 def _provider_type(handle: str, provider_type: str | None) -> str:
@@ -1038,8 +1047,9 @@ def _import_messages(
 ) -> None:
     """Store the file's messages under new ids (keeping their timestamps) and set the agent's context.
 
-    Letta files start the context with the compiled system prompt as a system message; this server
-    compiles the prompt for every step instead, so that message is not imported. Unless `as_is`, a
+    Files start the context with the compiled system prompt as a system message; it is not imported:
+    the new agent's own was compiled when it was created (and the loop compiles it for every call, from
+    this server's memory). Unless `as_is`, a
     pending approval request (the context's last message) is left out: the file's author wrote that
     tool call, and approving it would run their arguments.
     """

@@ -17,6 +17,7 @@ from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo
 from apps.agents.loop.events import NullSink
 from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound
 from apps.llm.errors import UnknownModelHandle
@@ -476,8 +477,14 @@ def conversation_list(
 
 
 def _visible_messages(qs: QuerySet[Message], *, include_system: bool) -> QuerySet[Message]:
-    """System messages (the loop's alerts) are hidden from history unless asked for, as Letta hides them."""
-    return qs if include_system else qs.exclude(role=Message.Role.SYSTEM)
+    """Threads' stored system messages are listed (first: apps.agents.system_messages), as in Letta; other
+    system messages (the loop's alerts, system-role input) only when asked for."""
+    return qs if include_system else qs.exclude(role=Message.Role.SYSTEM, sequence_id__gte=0)
+
+
+def without_thread_system_messages(qs: QuerySet[Message]) -> QuerySet[Message]:
+    """`qs` without threads' stored system messages (timelines of turns, which show the prompt apart)."""
+    return qs.exclude(THREAD_SYSTEM_MESSAGE)
 
 
 def agent_message_list(

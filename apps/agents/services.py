@@ -39,7 +39,7 @@ from apps.agents.models import (
     Step,
     StopReason,
 )
-from apps.agents.prompts import SLEEPTIME_SYSTEM_PROMPT
+from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SLEEPTIME_SYSTEM_PROMPT
 from apps.agents.recovery import enqueue_run
 from apps.agents.selectors import (
     ACTIVE_RUN_STATUSES,
@@ -51,6 +51,7 @@ from apps.agents.selectors import (
     run_usage_event,
     thread_system_message,
 )
+from apps.agents.system_messages import save_thread_system_message, without_thread_system_message
 from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.db import insert_all, release_pooled_connection, row_reader
@@ -130,6 +131,7 @@ def agent_create(
     enable_sleeptime: bool = False,
     timezone_name: str = "UTC",
     initial_messages: list[MessageIn] | None = None,
+    store_system_message: bool = True,
 ) -> Agent:
     """Create an agent with new and existing blocks, tools and validated tool rules; `initial_messages`
     (Letta's initial_message_sequence) are its context window, in order.
@@ -196,9 +198,29 @@ def agent_create(
         AgentSecret.objects.for_actor(actor).create(agent=agent, key=key, value=value)
     if initial_messages:
         _store_initial_messages(actor=actor, agent=agent, messages=initial_messages)
+    if store_system_message:
+        store_thread_system_message(actor=actor, agent=agent)
     if enable_sleeptime and agent_type != AgentType.SLEEPTIME:
         _create_sleeptime_agent(actor=actor, primary=agent)
     return agent
+
+
+def store_thread_system_message(*, actor: Actor, agent: Agent, conversation_id: str | None = None) -> str:
+    """Compile the thread's system message from the agent's current memory and store it (what
+    `messages.list` starts with; apps.agents.system_messages). An agent whose model cannot be used yet
+    gets its system prompt as written: its first run compiles the rest. Returns the stored text."""
+    try:
+        text = thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
+    except InvalidInput:
+        text = agent.system or DEFAULT_SYSTEM_PROMPT
+    save_thread_system_message(
+        organization_id=agent.organization_id,
+        agent_id=agent.id,
+        conversation_id=conversation_id,
+        text=text,
+        model=agent.model,
+    )
+    return text
 
 
 def _store_initial_messages(*, actor: Actor, agent: Agent, messages: list[MessageIn]) -> None:
@@ -619,9 +641,11 @@ def run_cancel(*, actor: Actor, run_id: str) -> Run:
 def conversation_create(*, actor: Actor, agent_id: str, summary: str = "") -> Conversation:
     """A new thread of the agent: its own messages, the agent's shared memory blocks."""
     agent = agent_get(actor=actor, agent_id=agent_id)
-    return Conversation.objects.for_actor(actor).create(
+    conversation = Conversation.objects.for_actor(actor).create(
         agent=agent, summary=summary, created_by_id=actor.user_id
     )
+    store_thread_system_message(actor=actor, agent=agent, conversation_id=conversation.id)
+    return conversation
 
 
 def run_submit(run: Run) -> None:
@@ -847,6 +871,7 @@ def agent_create_with_settings(
         actor=actor,
         timezone_name=validate_timezone(timezone_name),
         embedding=validate_handle(embedding, kind="embedding"),
+        store_system_message=False,  # below, once the tool rules are final
         **{**fields, **columns},
     )
     agent.model_settings = extras
@@ -867,6 +892,7 @@ def agent_create_with_settings(
             "updated_at",
         ]
     )
+    store_thread_system_message(actor=actor, agent=agent)
     return agent
 
 
@@ -954,7 +980,9 @@ def agent_update(
     if tool_rules is not UNSET:
         changes["tool_rules"] = dump_tool_rules(parse_tool_rules(tool_rules or []))
     if message_ids is not UNSET:
-        changes["message_ids"] = _validated_message_ids(actor=actor, agent=agent, message_ids=message_ids)
+        changes["message_ids"] = _validated_message_ids(
+            actor=actor, agent=agent, message_ids=without_thread_system_message(agent.id, None, message_ids)
+        )
     if last_run_completion is not UNSET:
         changes["last_run_completion"] = last_run_completion
     if last_run_duration_ms is not UNSET:
@@ -979,6 +1007,9 @@ def agent_update(
         setattr(agent, column, value)
     agent.last_updated_by_id = actor.user_id
     agent.save(update_fields=[*changes, "last_updated_by", "updated_at"])
+    if "system" in changes or block_ids is not UNSET:
+        # What it lists changes now, as on Letta (the loop would compile the new prompt anyway).
+        store_thread_system_message(actor=actor, agent=agent)
     if (
         agent.enable_sleeptime
         and agent.sleeptime_agent_id is None
@@ -1290,8 +1321,8 @@ def _hand_shared_messages_over(*, actor: Actor, conversation: Conversation) -> N
 def conversation_fork(*, actor: Actor, agent_id: str, conversation_id: str | None) -> Conversation:
     """A new conversation of the agent whose context is the source thread's (a conversation, or the
     agent's default thread when `conversation_id` is None): the same in-context messages, shared rather
-    than copied, minus system messages (the system prompt and the loop's alerts; the fork's system message
-    is compiled afresh for each call, as every thread's). Raises AgentNotFound, NotFound (a conversation of
+    than copied, minus system messages (the loop's alerts); the fork gets its own stored system message,
+    compiled now, as every new thread. Raises AgentNotFound, NotFound (a conversation of
     another agent), PermissionDenied (CONVERSATION_WRITE on the source)."""
     agent = _agent_row(actor=actor, agent_id=agent_id)
     if conversation_id is None:
@@ -1308,11 +1339,13 @@ def conversation_fork(*, actor: Actor, agent_id: str, conversation_id: str | Non
         .filter(id__in=source_ids, role=Message.Role.SYSTEM)
         .values_list("id", flat=True)
     )
-    return Conversation.objects.for_actor(actor).create(
+    fork = Conversation.objects.for_actor(actor).create(
         agent=agent,
         message_ids=[message_id for message_id in source_ids if message_id not in system],
         created_by_id=actor.user_id,
     )
+    store_thread_system_message(actor=actor, agent=agent, conversation_id=fork.id)
+    return fork
 
 
 def _compaction_choice(
@@ -1382,13 +1415,25 @@ def agent_summarize(
     )
 
 
-def thread_recompile(*, actor: Actor, agent_id: str, conversation_id: str | None = None) -> str:
-    """The thread's system message compiled now from current memory (Letta's recompile). The loop compiles
-    it afresh for every LLM call and stores none, so nothing is written, dry run or not. Raises
-    AgentNotFound, NotFound, PermissionDenied (AGENT_USE), InvalidInput (the agent's model is unusable)."""
+def thread_recompile(
+    *, actor: Actor, agent_id: str, conversation_id: str | None = None, dry_run: bool = False
+) -> str:
+    """The thread's system message compiled now from current memory (Letta's recompile), stored as the
+    thread's system message unless `dry_run`. The loop compiles it afresh for every LLM call anyway, so
+    this changes only what is listed. Raises AgentNotFound, NotFound, PermissionDenied (AGENT_USE),
+    InvalidInput (the agent's model is unusable)."""
     agent = _agent_row(actor=actor, agent_id=agent_id)
     require_agent_permission(actor, agent, Action.AGENT_USE)
-    return thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
+    text = thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
+    if not dry_run:
+        save_thread_system_message(
+            organization_id=agent.organization_id,
+            agent_id=agent.id,
+            conversation_id=conversation_id,
+            text=text,
+            model=agent.model,
+        )
+    return text
 
 
 GENERATE_DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from django.db import connection, models
+from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 
 M = TypeVar("M", bound=models.Model)
@@ -29,13 +30,37 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     return sql, list(params)
 
 
+def upsert_sql(
+    model: type[models.Model],
+    objs: Sequence[models.Model],
+    *,
+    unique_fields: list[str],
+    update_fields: list[str],
+) -> tuple[str, list[Any]]:
+    """Django's INSERT ... ON CONFLICT (unique_fields) DO UPDATE SET update_fields of these rows (what
+    bulk_create(update_conflicts=True) sends), as SQL to embed in a larger statement."""
+    field = model._meta.get_field
+    query = InsertQuery(
+        model,
+        on_conflict=OnConflict.UPDATE,
+        update_fields=[field(name) for name in update_fields],
+        unique_fields=[field(name) for name in unique_fields],
+    )
+    query.insert_values(model._meta.concrete_fields, objs)
+    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+    return sql, list(params)
+
+
 def insert_all(
-    *batches: tuple[type[models.Model], Sequence[models.Model]], then: tuple[str, list[Any]] | None = None
+    *batches: tuple[type[models.Model], Sequence[models.Model]],
+    also: Sequence[tuple[str, list[Any]]] = (),
+    then: tuple[str, list[Any]] | None = None,
 ) -> tuple[Any, ...] | None:
     """Insert several models' rows in one statement (data-modifying CTEs): one round trip, atomic by
-    itself. `then` (SQL, params) is the statement's main part, run with the inserts; its first row is
+    itself. `also` are more data-modifying statements (SQL, params) to run in it, e.g. from upsert_sql.
+    `then` (SQL, params) is the statement's main part, run with the inserts; its first row is
     returned. The objects are marked saved, as bulk_create does."""
-    inserts = [insert_sql(model, objs) for model, objs in batches if objs]
+    inserts = [insert_sql(model, objs) for model, objs in batches if objs] + list(also)
     if then is None:
         if not inserts:
             return None

@@ -15,6 +15,7 @@ from apps.agents.services import (
     conversation_create,
     run_create,
 )
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
 from apps.core.actor import Role
 from tests.factories import AgentFactory
 from tests.support.scripted_llm import text, tool_call, tool_calls
@@ -113,8 +114,9 @@ def test_a_system_event_is_sent_as_a_system_message(owner_client, make_agent):
         {"text": "The user's calendar changed.", "role": "system"},
     )
 
-    message = Message.all_objects.get(agent=agent)
+    message = Message.all_objects.exclude(THREAD_SYSTEM_MESSAGE).get(agent=agent)
     assert message.role == "system"
+    assert message.text == "The user's calendar changed."
     assert "System event" in response.content.decode()
 
 

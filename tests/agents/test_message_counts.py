@@ -5,6 +5,7 @@ import pytest
 
 from apps.agents.models import Agent, Conversation, Message
 from apps.agents.services import MessageIn, conversation_create, run_create
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
 from tests.support.migrations import migrated_from
 from tests.support.scripted_llm import text
 
@@ -12,7 +13,9 @@ pytestmark = pytest.mark.django_db
 
 
 def stored(agent: Agent, conversation: Conversation | None = None) -> int:
-    return Message.all_objects.filter(agent=agent, conversation=conversation).count()
+    """Messages between agent and user: the thread's stored system message is not one (migration 0010)."""
+    messages = Message.all_objects.filter(agent=agent, conversation=conversation)
+    return messages.exclude(THREAD_SYSTEM_MESSAGE).count()
 
 
 def test_counts_follow_every_insert_and_delete(make_agent, actor, llm, send):
@@ -31,6 +34,7 @@ def test_counts_follow_every_insert_and_delete(make_agent, actor, llm, send):
     Message.all_objects.filter(agent=agent, conversation=None, role="user").delete()
     agent.refresh_from_db()
     assert agent.message_count == stored(agent)
+    assert Message.all_objects.filter(THREAD_SYSTEM_MESSAGE, agent=agent).count() == 2  # one per thread
 
 
 def test_the_system_message_reports_the_messages_out_of_context(make_agent, actor, llm, send):

@@ -73,8 +73,15 @@ def import_file(client: APIClient, content: bytes | str, **fields: str) -> Any:
 
 
 def without_volatile(document: dict[str, Any]) -> dict[str, Any]:
+    """The file without its time of export and its agents' system messages' text and time: each agent's
+    is compiled for it (it names the agent's own id)."""
     clean = copy.deepcopy(document)
     clean.pop("created_at")
+    for agent in clean["agents"]:
+        for message in agent["messages"]:
+            if message["role"] == "system":
+                message.pop("content")
+                message.pop("created_at")
     return clean
 
 
@@ -122,10 +129,17 @@ def test_export_uses_file_local_ids_and_letta_shapes(actor, agent, api_client_fo
 def test_export_carries_the_in_context_messages_in_letta_message_schema(actor, agent, api_client_for):
     [exported] = export(api_client_for(actor), agent.id)["agents"]
 
-    messages = exported["messages"]
-    assert exported["in_context_message_ids"] == ["message-0", "message-1", "message-2", "message-3"]
-    assert [m["id"] for m in messages] == exported["in_context_message_ids"]
-    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    system, *messages = exported["messages"]
+    assert exported["in_context_message_ids"] == [f"message-{i}" for i in range(5)]
+    assert [system["id"], *(m["id"] for m in messages)] == exported["in_context_message_ids"]
+    assert [system["role"], *(m["role"] for m in messages)] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert system["content"][0]["text"].startswith("You add numbers.")
     assert messages[0]["content"] == [{"type": "text", "text": "2 + 3?"}]
     assert messages[1]["tool_calls"] == [
         {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
@@ -138,7 +152,7 @@ def test_export_carries_the_in_context_messages_in_letta_message_schema(actor, a
         {"is_native": False, "type": "reasoning", "reasoning": "Easy."},
         {"type": "text", "text": "It is 5."},
     ]
-    assert {m["agent_id"] for m in messages} == {"agent-0"}
+    assert {m["agent_id"] for m in [system, *messages]} == {"agent-0"}
 
 
 def test_export_never_contains_secret_values_or_credentials(actor, agent, api_client_for, settings):
@@ -236,7 +250,9 @@ def test_import_can_strip_messages_and_rename(actor, agent, api_client_for):
 
     imported = Agent.objects.for_actor(actor).get(id=response.json()["agent_ids"][0])
     assert (imported.name, imported.message_ids) == ("Fresh", [])
-    assert not Message.objects.for_actor(actor).filter(agent=imported).exists()
+    assert list(Message.objects.for_actor(actor).filter(agent=imported).values_list("role", flat=True)) == [
+        "system"  # its own, compiled when it was created
+    ]
 
 
 def test_import_accepts_double_encoded_json(actor, agent, api_client_for):

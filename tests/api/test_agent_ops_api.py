@@ -12,6 +12,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.agents.models import Agent, Message, Run, Step
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
 from apps.core.actor import Actor, Role
 from apps.core.permissions import Action, allows
 from apps.memory.models import Block
@@ -29,8 +30,9 @@ def client(actor: Actor, api_client_for: Any) -> APIClient:
 
 
 def stored_counts(actor: Actor) -> tuple[int, int, int]:
+    """Messages (besides threads' stored system messages), runs and steps."""
     return (
-        Message.objects.for_actor(actor).count(),
+        Message.objects.for_actor(actor).exclude(THREAD_SYSTEM_MESSAGE).count(),
         Run.objects.for_actor(actor).count(),
         Step.objects.for_actor(actor).count(),
     )
@@ -42,12 +44,15 @@ def stored_counts(actor: Actor) -> tuple[int, int, int]:
 @pytest.mark.parametrize(
     "path", ["/v1/agents/{agent}/recompile", "/v1/agents/{agent}/system-prompt/recompile"]
 )
-def test_recompile_answers_the_system_prompt_with_current_memory_and_stores_nothing(client, actor, llm, path):
+def test_recompile_answers_the_system_prompt_with_current_memory_and_stores_it_unless_dry_run(
+    client, actor, llm, path
+):
     agent = new_agent(actor, system="You are Ada's assistant.")
     Block.objects.for_actor(actor).filter(label="human").update(value="Name: Ada")
     before = Agent.objects.for_actor(actor).values("message_ids", "updated_at").get()
 
     dry = client.post(path.format(agent=agent.id) + "?dry_run=true&update_timestamp=true")
+    after_dry_run = Message.objects.for_actor(actor).get(THREAD_SYSTEM_MESSAGE).text
     saved = client.post(path.format(agent=agent.id))
 
     assert dry.status_code == saved.status_code == 200
@@ -57,6 +62,8 @@ def test_recompile_answers_the_system_prompt_with_current_memory_and_stores_noth
     assert saved.json() == dry.json()
     assert Agent.objects.for_actor(actor).values("message_ids", "updated_at").get() == before
     assert stored_counts(actor) == (0, 0, 0)
+    assert "Name: Ada" not in after_dry_run  # compiled when the agent was created
+    assert Message.objects.for_actor(actor).get(THREAD_SYSTEM_MESSAGE).text == saved.json()
 
 
 def test_recompile_of_another_organisations_agent_is_a_404(api_client_for, actor, other_org_actor, llm):

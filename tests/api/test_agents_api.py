@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 from apps.agents.models import Agent, AgentSecret, AgentTool
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.agents.services import BlockSpec, agent_create
+from apps.agents.system_messages import thread_system_message_id
 from apps.api.views.agents import AgentDetailApi
 from apps.memory.models import AgentBlock, Block
 from tests.factories import AgentFactory, BlockFactory, MessageFactory, ToolFactory
@@ -75,7 +76,10 @@ def test_create_returns_the_agent_state_the_sdk_reads(actor, api_client_for, set
     assert body["blocks"][0]["limit"] == 5000
     assert sorted(t["name"] for t in body["tools"]) == BASE_TOOLS
     assert body["tags"] == ["a", "b"]
-    assert (body["sources"], body["secrets"], body["message_ids"], body["tool_rules"]) == ([], [], [], [])
+    assert (body["sources"], body["secrets"], body["tool_rules"]) == ([], [], [])
+    assert body["message_ids"] == [
+        thread_system_message_id(body["id"], None)
+    ]  # its system message, as on Letta
     assert body["created_by_id"] == actor.user_id
     assert body["timezone"] == "UTC"
 
@@ -579,7 +583,7 @@ def test_patch_message_ids_must_be_the_agents_messages(actor, other_org_actor, a
     ok = client.patch(f"/v1/agents/{agent.id}", {"message_ids": [mine.id]}, format="json")
     bad = client.patch(f"/v1/agents/{agent.id}", {"message_ids": [mine.id, foreign.id]}, format="json")
 
-    assert ok.json()["message_ids"] == [mine.id]
+    assert ok.json()["message_ids"] == [thread_system_message_id(agent.id, None), mine.id]
     assert bad.status_code == 400
     assert bad.json()["detail"] == f"Messages not found on agent '{agent.id}': {foreign.id}"
 

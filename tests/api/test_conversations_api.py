@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from apps.agents.locks import conversation_lock
 from apps.agents.models import Agent, Conversation, Message, Run
 from apps.agents.services import conversation_create
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE, thread_system_message_id
 from apps.core.actor import Actor, Role
 from apps.core.permissions import Action, allows
 from apps.memory.models import Block
@@ -62,7 +63,13 @@ def in_context(conversation: Conversation) -> list[str]:
 
 
 def contents(messages: list[dict[str, Any]]) -> list[Any]:
-    return [m.get("content") for m in messages]
+    """The messages' contents, without the thread's stored system message (checked where it matters)."""
+    return [m.get("content") for m in messages if m["message_type"] != "system_message"]
+
+
+def conversation_messages(actor: Actor) -> list[Message]:
+    """The organisation's stored messages besides threads' system messages."""
+    return list(Message.objects.for_actor(actor).exclude(THREAD_SYSTEM_MESSAGE))
 
 
 # --- update and delete ------------------------------------------------------------------------------------
@@ -110,7 +117,8 @@ def test_deleting_a_conversation_removes_it_its_runs_and_its_messages(client, ac
     assert response.json() is None
     assert not Conversation.objects.for_actor(actor).exists()
     assert not Run.objects.for_actor(actor).exists()
-    assert [m.text for m in Message.objects.for_actor(actor)] == ["in the default thread"]
+    assert [m.text for m in conversation_messages(actor)] == ["in the default thread"]
+    assert not Message.objects.for_actor(actor).filter(id=thread_system_message_id(agent.id, conversation.id))
     assert client.get(f"/v1/conversations/{conversation.id}").status_code == 404
 
 
@@ -146,10 +154,11 @@ def test_a_fork_shares_the_sources_messages_without_its_system_messages(client, 
     assert response.status_code == 200
     assert fork["id"] != source.id
     assert fork["agent_id"] == agent.id
-    assert fork["in_context_message_ids"] == [question.id, answer.id]
-    assert Message.objects.for_actor(actor).count() == 3  # shared, not copied
+    own_system = thread_system_message_id(agent.id, fork["id"])
+    assert fork["in_context_message_ids"] == [own_system, question.id, answer.id]
+    assert len(conversation_messages(actor)) == 3  # shared, not copied
     listed = client.get(f"/v1/conversations/{fork['id']}/messages", {"order": "asc"}).json()
-    assert [m["id"] for m in listed] == [question.id, answer.id]
+    assert [m["id"] for m in listed] == [own_system, question.id, answer.id]
     assert in_context(source) == [alert.id, question.id, answer.id]
 
 
@@ -197,8 +206,12 @@ def test_the_default_thread_is_forked_agent_direct(client, actor, form):
     response = client.post(path + ("" if form == "agent_id" else f"?agent_id={agent.id}"))
 
     assert response.status_code == 200
-    assert response.json()["in_context_message_ids"] == [row.id for row in rows]
-    assert Conversation.objects.for_actor(actor).get().agent_id == agent.id
+    fork = Conversation.objects.for_actor(actor).get()
+    assert response.json()["in_context_message_ids"] == [
+        thread_system_message_id(agent.id, fork.id),
+        *(row.id for row in rows),
+    ]
+    assert fork.agent_id == agent.id
 
 
 # --- message order ----------------------------------------------------------------------------------------
@@ -216,8 +229,11 @@ def test_conversation_messages_list_newest_first_by_default_and_oldest_first_whe
     newest_two = client.get(path, {"order": "desc", "limit": 2}).json()
 
     assert contents(newest_first) == ["three", "two", "one"]
+    assert newest_first[-1]["message_type"] == "system_message"  # the oldest
     assert contents(oldest_first) == ["one", "two", "three"]
+    assert oldest_first[0]["id"] == thread_system_message_id(agent.id, conversation.id)
     assert contents(newest_two) == ["three", "two"]
+    assert len(newest_two) == 2
 
 
 # --- recompile --------------------------------------------------------------------------------------------
@@ -381,6 +397,7 @@ def test_an_agent_id_as_conversation_id_is_the_agents_default_thread(client, act
 
     assert [d for _, d in sent][-1] == "[DONE]"
     assert contents(listed) == ["hi", "Hello from the default thread"]
+    assert listed[0]["id"] == thread_system_message_id(agent.id, None)
     assert contents(client.get(f"/v1/agents/{agent.id}/messages", {"order": "asc"}).json()) == contents(
         listed
     )
@@ -533,7 +550,8 @@ def test_another_organisation_gets_404(api_client_for, actor, other_org_actor, l
     assert response.status_code == 404
     assert Conversation.objects.for_actor(actor).get().summary == "mine"
     assert Conversation.objects.for_actor(actor).count() == 1
-    assert Message.objects.for_actor(actor).count() == 8
+    assert len(conversation_messages(actor)) == 8
+    assert Message.objects.for_actor(actor).filter(THREAD_SYSTEM_MESSAGE).count() == 2
     assert not Run.objects.for_actor(actor).exists()
     assert llm.chat_requests() == []
 

@@ -16,6 +16,7 @@ from apps.accounts.models import User
 from apps.accounts.services import api_key_create
 from apps.agents.models import Agent, Conversation, Message
 from apps.agents.services import conversation_create
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE, thread_system_message_id
 from apps.api import sse
 from apps.core.actor import Actor, Role
 from apps.memory.models import Block
@@ -90,9 +91,13 @@ def test_conversations_fork(sdk, actor):
     from_default = sdk.conversations.fork("default", agent_id=agent.id)
 
     assert fork.id != source.id
-    assert fork.in_context_message_ids == [row.id for row in rows]
-    assert from_default.in_context_message_ids == []
-    assert Message.objects.for_actor(actor).count() == 2
+    # Each thread's system message first (a fork's is its own), then the shared messages.
+    assert fork.in_context_message_ids == [
+        thread_system_message_id(agent.id, fork.id),
+        *(row.id for row in rows),
+    ]
+    assert from_default.in_context_message_ids == [thread_system_message_id(agent.id, from_default.id)]
+    assert Message.objects.for_actor(actor).exclude(THREAD_SYSTEM_MESSAGE).count() == 2
 
 
 def test_conversations_recompile(sdk, actor, llm):
@@ -142,13 +147,15 @@ def test_conversations_messages_list_in_both_orders(sdk, actor, llm, celery_work
     newest_first = sdk.conversations.messages.list(conversation.id, order="desc").items
     oldest_first = sdk.conversations.messages.list(conversation.id, order="asc").items
 
-    assert [m.content for m in newest_first] == [
+    assert [m.content for m in newest_first[:4]] == [
         "second answer",
         "second question",
         "first answer",
         "first question",
     ]
-    assert [m.content for m in oldest_first] == list(reversed([m.content for m in newest_first]))
+    assert [m.message_type for m in newest_first[4:]] == ["system_message"]  # the conversation's own, first
+    assert f"- CONVERSATION_ID: {conversation.id}" in newest_first[4].content
+    assert [m.id for m in oldest_first] == list(reversed([m.id for m in newest_first]))
 
 
 def test_conversations_messages_stream(sdk, actor, llm, celery_worker):

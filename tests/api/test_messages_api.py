@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from apps.agents.models import Agent, Message, Run
 from apps.agents.services import BlockSpec, agent_create
+from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE, thread_system_message_id
 from apps.api import sse
 from apps.core.actor import Actor
 from apps.memory.models import Block
@@ -539,7 +540,7 @@ def test_history_asc_walks_everything_with_after(client, actor):
         seen += [m["id"] for m in page]
         after = page[-1]["id"]
 
-    assert seen == [m.id for m in messages]
+    assert seen == [thread_system_message_id(agent.id, None), *(m.id for m in messages)]
 
 
 @pytest.mark.django_db
@@ -551,8 +552,11 @@ def test_history_hides_system_alerts_unless_asked(client, actor):
     default = client.get(f"/v1/agents/{agent.id}/messages").json()
     everything = client.get(f"/v1/agents/{agent.id}/messages", {"include_system": "true"}).json()
 
-    assert types(default) == ["user_message"]
-    assert types(everything) == ["system_message", "user_message"]
+    # The thread's own system message is always listed first; other system messages only when asked.
+    assert [m["id"] for m in default][:1] == [thread_system_message_id(agent.id, None)]
+    assert types(default) == ["system_message", "user_message"]
+    assert types(everything) == ["system_message", "system_message", "user_message"]
+    assert everything[1]["content"] == "alert"
 
 
 @pytest.mark.django_db
@@ -568,8 +572,8 @@ def test_history_filters_by_type_and_conversation(client, actor):
         f"/v1/agents/{agent.id}/messages", {"include_return_message_types": "assistant_message"}
     ).json()
 
-    assert [m["content"] for m in main] == ["main"]
-    assert [m["id"] for m in conv] == [in_conv.id]
+    assert [m["content"] for m in main][1:] == ["main"]
+    assert [m["id"] for m in conv] == [in_conv.id]  # made without the API: it has no system message
     assert none == []
 
 
@@ -600,8 +604,9 @@ def test_global_message_list_and_retrieve(client, actor, other_org_actor):
     listed = client.get("/v1/messages/").json()
     retrieved = client.get(f"/v1/messages/{mine.id}").json()
 
-    assert [m["content"] for m in listed] == ["mine"]
-    assert retrieved == [listed[0]]
+    assert [m["content"] for m in listed][1:] == ["mine"]  # after its agent's system message
+    assert listed[0]["message_type"] == "system_message"
+    assert retrieved == [listed[1]]
 
 
 # --- reset ------------------------------------------------------------------------------------------------
@@ -619,7 +624,11 @@ def test_reset_empties_the_context_window_and_keeps_history(client, actor):
     assert response.json()["id"] == agent.id
     agent.refresh_from_db()
     assert agent.message_ids == []
-    assert len(client.get(f"/v1/agents/{agent.id}/messages").json()) == 2
+    assert types(client.get(f"/v1/agents/{agent.id}/messages").json()) == [
+        "system_message",
+        "user_message",
+        "user_message",
+    ]
 
 
 # --- tenancy and authentication for every endpoint ----------------------------------------------------------
@@ -652,7 +661,7 @@ def test_another_organisation_gets_404_and_changes_nothing(
     assert response.status_code == 404
     assert "not found" in response.json()["detail"]
     assert not Run.objects.for_actor(actor).exists()
-    assert Message.objects.for_actor(actor).count() == 1
+    assert Message.objects.for_actor(actor).exclude(THREAD_SYSTEM_MESSAGE).count() == 1
     agent.refresh_from_db()
     assert agent.message_ids == [message.id]
 
@@ -724,8 +733,10 @@ def test_a_conversation_has_its_own_thread(client, actor, llm, celery_worker, sh
     assert [d for _, d in sse_events(default)][-1] == "[DONE]"
     in_conversation = client.get(f"/v1/conversations/{conversation['id']}/messages", {"order": "asc"}).json()
     in_default = client.get(f"/v1/agents/{agent.id}/messages", {"order": "asc"}).json()
-    assert [m.get("content") for m in in_conversation] == ["hi there", "in the conversation"]
-    assert [m.get("content") for m in in_default] == ["hello", "in the default thread"]
+    assert [m.get("content") for m in in_conversation][1:] == ["hi there", "in the conversation"]
+    assert [m.get("content") for m in in_default][1:] == ["hello", "in the default thread"]
+    assert in_conversation[0]["id"] == thread_system_message_id(agent.id, conversation["id"])
+    assert in_default[0]["id"] == thread_system_message_id(agent.id, None)
 
 
 @pytest.mark.django_db
@@ -761,7 +772,7 @@ def test_another_organisation_gets_404_for_a_conversation(
 
     assert response.status_code == 404
     assert not Run.objects.for_actor(actor).exists()
-    assert not Message.objects.for_actor(actor).exists()
+    assert not Message.objects.for_actor(actor).exclude(THREAD_SYSTEM_MESSAGE).exists()
 
 
 @pytest.mark.django_db

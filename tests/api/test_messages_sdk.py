@@ -178,7 +178,8 @@ def test_history_pages_through_everything_in_ascending_order(sdk, actor, llm, ce
     everything = list(sdk.agents.messages.list(agent.id, order="asc", limit=2))
     newest = list(sdk.agents.messages.list(agent.id, limit=2))
 
-    assert [(m.message_type, m.content) for m in everything] == [
+    assert everything[0].message_type == "system_message"
+    assert [(m.message_type, m.content) for m in everything[1:]] == [
         ("user_message", "first"),
         ("assistant_message", "one"),
         ("user_message", "second"),

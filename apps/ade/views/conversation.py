@@ -38,6 +38,7 @@ from apps.agents.selectors import (
     run_get,
     run_list_with_usage,
     run_message_list,
+    without_thread_system_messages,
 )
 from apps.agents.services import (
     MessageIn,
@@ -239,11 +240,13 @@ def _history(
     before: str | None = None,
 ) -> tuple[list[Turn], bool, str | None]:
     """A page of turns (newest messages, oldest first), whether there are older ones, and the cursor."""
-    qs = agent_message_list(
-        actor=request.actor,
-        agent_id=agent.id,
-        conversation_id=conversation.id if conversation else None,
-        include_system=True,
+    qs = without_thread_system_messages(
+        agent_message_list(
+            actor=request.actor,
+            agent_id=agent.id,
+            conversation_id=conversation.id if conversation else None,
+            include_system=True,
+        )
     )
     messages = message_page(qs, actor=request.actor, before=before, limit=HISTORY_PAGE_SIZE + 1)
     has_more = len(messages) > HISTORY_PAGE_SIZE

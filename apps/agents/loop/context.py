@@ -26,6 +26,7 @@ __all__ = [
     "BlockSnapshot",
     "MemoryStats",
     "SystemSections",
+    "ThreadIds",
     "build_llm_messages",
     "compile_system_message",
     "compile_system_sections",
@@ -92,6 +93,14 @@ class MemoryStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadIds:
+    """Which thread a system message is for: the agent, and its conversation (None: its default one)."""
+
+    agent_id: str
+    conversation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SystemSections:
     """The system message in parts, so the context-window bar can count each one.
 
@@ -129,6 +138,7 @@ def compile_system_sections(
     now: datetime,
     timezone: str,
     directories: str = "",
+    thread: ThreadIds | None = None,
 ) -> SystemSections:
     """Render each section of the system message; see `compile_system_message`. `directories` comes
     rendered (apps.folders renders Letta's `<directories>`)."""
@@ -141,7 +151,7 @@ def compile_system_sections(
         system_prompt=system_prompt,
         memory_blocks=memory_blocks,
         tool_rules=render_tool_rules(tool_rules_text),
-        metadata=render_memory_metadata(stats, now=now, zone=zone),
+        metadata=render_memory_metadata(stats, now=now, zone=zone, thread=thread),
         directories=directories,
     )
 
@@ -204,13 +214,23 @@ def render_tool_rules(tool_rules_text: str) -> str:
     return f"<tool_usage_rules>\n{TOOL_RULES_INTRO}\n\n{rules}\n</tool_usage_rules>"
 
 
-def render_memory_metadata(stats: MemoryStats, *, now: datetime, zone: ZoneInfo) -> str:
-    """`<memory_metadata>`: today's date, last memory edit, and what lies outside the context.
+def render_memory_metadata(
+    stats: MemoryStats, *, now: datetime, zone: ZoneInfo, thread: ThreadIds | None = None
+) -> str:
+    """`<memory_metadata>`: which agent and thread this is, today's date, last memory edit, and what lies
+    outside the context.
 
-    As in Letta, the recall line is always there, the archival line only when passages exist,
-    and the tag line only when tags exist. An unknown last edit is left out rather than guessed.
+    As in Letta, the ids come first (the conversation is "default" for the agent's own thread), the
+    recall line is always there, the archival line only when passages exist, and the tag line only
+    when tags exist. An unknown last edit is left out rather than guessed.
     """
-    lines = ["<memory_metadata>", f"- Current date: {_long_date(_local(now, zone))}"]
+    lines = ["<memory_metadata>"]
+    if thread is not None:
+        lines += [
+            f"- AGENT_ID: {thread.agent_id}",
+            f"- CONVERSATION_ID: {thread.conversation_id or 'default'}",
+        ]
+    lines.append(f"- Current date: {_long_date(_local(now, zone))}")
     if stats.last_memory_edit is not None:
         lines.append(f"- Memory blocks last modified: {_timestamp(_local(stats.last_memory_edit, zone))}")
     lines.append(

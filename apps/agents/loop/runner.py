@@ -37,6 +37,7 @@ from apps.agents.loop.context import (
     BlockSnapshot,
     MemoryStats,
     SystemSections,
+    ThreadIds,
     build_llm_messages,
     compile_system_sections,
     render_available_skills,
@@ -51,6 +52,7 @@ from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
 from apps.agents.recovery import enqueue_run, fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
+from apps.agents.system_messages import thread_system_message_upsert
 from apps.core.actor import Actor
 from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.core.errors import Conflict, InvalidInput
@@ -169,6 +171,10 @@ class LoopState:
     deadline: Deadline = field(default_factory=run_deadline)
     # The `<directories>` section: attached folders and open files (apps.agents.context_sections).
     directories: str = ""
+    # The text this run last wrote to the thread's stored system message (apps.agents.system_messages),
+    # and the compiled one the next step's write stores when it differs.
+    stored_system_message: str | None = None
+    compiled_system_message: str | None = None
 
 
 class StopRun(Exception):
@@ -477,6 +483,7 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
     """Compile the context and keep it inside the window: warn past the threshold, compact on overflow."""
     for _ in range(3):
         system_message = _system_message(state)
+        _store_system_message(state, system_message)
         available = list(_available_tool_names(state))
         allowed = state.solver.allowed_tools(available)
         schemas = _tool_schemas(state, allowed)
@@ -542,6 +549,32 @@ def _system_message(state: LoopState) -> str:
     return with_available_skills(system_sections(state).render(), section)
 
 
+def _store_system_message(state: LoopState, system_message: str) -> None:
+    """Note what the thread's stored system message (what `messages.list` starts with) should hold: the
+    compiled one, written with the step (`_persist_step`), so at the run's first step and then only when
+    memory edits change it. A request's `override_system` is for that request alone and is not stored,
+    as in Letta."""
+    if state.run.request_config.get("override_system") is None:
+        state.compiled_system_message = system_message
+
+
+def _system_message_write(state: LoopState) -> list[tuple[str, list[Any]]]:
+    """The statement that brings the stored system message up to date, if it is behind."""
+    text = state.compiled_system_message
+    if text is None or text == state.stored_system_message:
+        return []
+    state.stored_system_message = text
+    return [
+        thread_system_message_upsert(
+            organization_id=state.agent.organization_id,
+            agent_id=state.agent.id,
+            conversation_id=state.conversation.id if state.conversation else None,
+            text=text,
+            model=state.target.handle,
+        )
+    ]
+
+
 def system_sections(state: LoopState) -> SystemSections:
     """The system message's sections for this state (the ADE's context viewer counts them too)."""
     return compile_system_sections(
@@ -554,6 +587,7 @@ def system_sections(state: LoopState) -> SystemSections:
         now=timezone.now(),
         timezone=state.agent.timezone or "UTC",
         directories=state.directories,
+        thread=ThreadIds(state.agent.id, state.conversation.id if state.conversation else None),
     )
 
 
@@ -1172,7 +1206,7 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
         )
     else:
         then = (f"SELECT {run_status}", [state.run.id])
-    row = insert_all((Step, [step]), (Message, messages), then=then)
+    row = insert_all((Step, [step]), (Message, messages), also=_system_message_write(state), then=then)
     state.status_at_persist = row[0] if row else None
     state.in_context.extend(messages)
     state.produced.extend(messages)

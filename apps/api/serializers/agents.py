@@ -16,6 +16,7 @@ from rest_framework import serializers
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
+from apps.agents.system_messages import with_thread_system_message
 from apps.api.serializers.common import BlockOut
 from apps.api.serializers.folders import FolderOut
 from apps.api.serializers.messages import _message_create
@@ -191,7 +192,7 @@ class AgentStateOut(serializers.Serializer):
     sources = serializers.SerializerMethodField()
     tags = serializers.ListField(child=serializers.CharField())
     tool_rules = serializers.JSONField()
-    message_ids = serializers.ListField(child=serializers.CharField())
+    message_ids = serializers.SerializerMethodField()
     metadata = serializers.JSONField()
     secrets = SecretOut(many=True, source="secrets.all")
     tool_exec_environment_variables = SecretOut(many=True, source="secrets.all")
@@ -220,6 +221,11 @@ class AgentStateOut(serializers.Serializer):
 
     def _chat(self, agent: Agent) -> agent_selectors.ChatModelInfo | None:
         return self.context["chat_models"].get(agent.model)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_message_ids(self, agent: Agent) -> list[str]:
+        """The context as Letta lists it: the stored system message first."""
+        return with_thread_system_message(agent.id, None, agent.message_ids)
 
     def get_system(self, agent: Agent) -> str:
         return agent_selectors.agent_system_prompt(agent)

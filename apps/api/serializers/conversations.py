@@ -66,8 +66,8 @@ def compaction_out(compaction: Compaction) -> dict[str, Any]:
 
 
 class RecompileQueryIn(serializers.Serializer):
-    """Query of the recompile endpoints. Nothing is stored either way (the loop compiles the system
-    message for every call), so both flags change nothing; they are accepted for the SDK."""
+    """Query of the recompile endpoints: `dry_run` answers the compiled system message without storing
+    it; `update_timestamp` changes nothing (the loop compiles the message for every call)."""
 
     dry_run = serializers.BooleanField(required=False, default=False)
     update_timestamp = serializers.BooleanField(required=False, default=False)

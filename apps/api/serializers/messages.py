@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.agents.models import Conversation, Run, Step, StopReason
 from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
+from apps.agents.system_messages import with_thread_system_message
 from apps.api.serializers.strict import refuse_unsupported
 from apps.llm.selectors import endpoint_for_tenants
 
@@ -496,10 +498,15 @@ class ConversationOut(serializers.Serializer):
     description = serializers.SerializerMethodField()
     archived = serializers.SerializerMethodField()
     archived_at = serializers.SerializerMethodField()
-    in_context_message_ids = serializers.ListField(source="message_ids", child=serializers.CharField())
+    in_context_message_ids = serializers.SerializerMethodField()
     created_by_id = serializers.CharField(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_in_context_message_ids(self, conversation: Conversation) -> list[str]:
+        """The context as Letta lists it: the conversation's stored system message first."""
+        return with_thread_system_message(conversation.agent_id, conversation.id, conversation.message_ids)
 
     def get_description(self, conversation: Conversation) -> str | None:
         return None

@@ -2,9 +2,9 @@
 (`agents.messages.compact`) and generate.
 
 Decisions a client can observe:
-- Recompile answers the system message as a JSON string, compiled from the agent's current memory. The
-  loop compiles it afresh for every LLM call and stores none, so `dry_run` and `update_timestamp` change
-  nothing: nothing is ever written.
+- Recompile answers the system message as a JSON string, compiled from the agent's current memory, and
+  stores it as the thread's system message (what `messages.list` starts with) unless `dry_run`. The loop
+  compiles it afresh for every LLM call anyway; `update_timestamp` changes nothing.
 - Summarize and compaction call the agent's model in the request (as Letta does) while holding the
   thread's lock: a run of that thread waits meanwhile, and compaction during a run is a 409.
 - A failing provider (after retries, within LLM_CALL_DEADLINE) is a 502 `LLM provider error: ...`.
@@ -36,8 +36,13 @@ class AgentRecompileApi(OrgApiView):
         operation_id="recompile_agent", parameters=[s.RecompileQueryIn], request=None, responses=str
     )
     def post(self, request: Request, agent_id: str) -> Response:
-        s.RecompileQueryIn(data=request.query_params).is_valid(raise_exception=True)
-        return Response(agent_services.thread_recompile(actor=self.actor, agent_id=agent_id))
+        query = s.RecompileQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(
+            agent_services.thread_recompile(
+                actor=self.actor, agent_id=agent_id, dry_run=query.validated_data["dry_run"]
+            )
+        )
 
 
 class AgentSystemPromptRecompileApi(AgentRecompileApi):

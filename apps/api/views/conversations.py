@@ -311,7 +311,7 @@ class ConversationCompactApi(OrgApiView):
 
 
 class ConversationRecompileApi(OrgApiView):
-    """The thread's system message, compiled now; nothing is stored, dry run or not (see agent_ops)."""
+    """The thread's system message, compiled now and stored unless `dry_run` (see agent_ops)."""
 
     @extend_schema(
         operation_id="recompile_conversation",
@@ -320,14 +320,18 @@ class ConversationRecompileApi(OrgApiView):
         responses=str,
     )
     def post(self, request: Request, conversation_id: str) -> Response:
-        cs.RecompileQueryIn(data=request.query_params).is_valid(raise_exception=True)
+        query = cs.RecompileQueryIn(data=request.query_params)
+        query.is_valid(raise_exception=True)
         data = cs.CompactionRequestIn(data=request.data or {})
         data.is_valid(raise_exception=True)
         thread = resolve_thread(
             actor=self.actor, conversation_id=conversation_id, agent_id=data.validated_data.get("agent_id")
         )
         compiled = agent_services.thread_recompile(
-            actor=self.actor, agent_id=thread.agent_id, conversation_id=thread.conversation_id
+            actor=self.actor,
+            agent_id=thread.agent_id,
+            conversation_id=thread.conversation_id,
+            dry_run=query.validated_data["dry_run"],
         )
         return Response(compiled)
 
