@@ -187,11 +187,16 @@ def ensure_sandbox_image() -> None:
         print(f"no Docker engine answers: custom tools run in the local jail ({jail})", flush=True)
         return
     image = os.environ.get("SANDBOX_BASE_IMAGE") or DEFAULT_SANDBOX_IMAGE
-    if subprocess.run([docker, "image", "inspect", image], capture_output=True, check=False).returncode == 0:
-        return
+    present = (
+        subprocess.run([docker, "image", "inspect", image], capture_output=True, check=False).returncode == 0
+    )
     if image.split(":")[0] == DEFAULT_SANDBOX_IMAGE.split(":")[0]:  # ours: built here, no registry
-        print(f"building the sandbox image {image} (the first time takes a few minutes)...", flush=True)
+        # Also when present: the script rebuilds an image of an older recipe (milliseconds when current).
+        if not present:
+            print(f"building the sandbox image {image} (the first time takes a few minutes)...", flush=True)
         built = subprocess.run(["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), image], check=False)
+    elif present:
+        return
     elif os.environ.get("SANDBOX_PULL_IMAGES", "true").lower() in ("1", "true", "yes", "on"):
         print(f"pulling the sandbox image {image}...", flush=True)
         built = subprocess.run([docker, "pull", image], check=False)

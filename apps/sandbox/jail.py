@@ -99,11 +99,14 @@ def jail_command(
     hidden: Iterable[str] = (),
     host_uid: int | None = None,
     info_fd: int | None = None,
+    binds: Iterable[tuple[str, str]] = (),
 ) -> list[str]:
     """The argv that runs `command` jailed. `read_only`: extra host paths bound read-only at the same
-    place (an interpreter's prefix, an MCP server's install); `hidden`: folders covered by an empty
-    tmpfs wherever they would otherwise show (DATA_DIR, the checkout, home); `info_fd`: bwrap writes
-    `{"child-pid": N}` there, the host pid of the jail's first process (see kill_jail)."""
+    place (an interpreter's prefix, an MCP server's install); `binds`: (host path, path in the jail)
+    bound read-only elsewhere than /usr, so that the jail sees those files and not where they live
+    (the local sandbox's pydantic); `hidden`: folders covered by an empty tmpfs wherever they would
+    otherwise show (DATA_DIR, the checkout, home); `info_fd`: bwrap writes `{"child-pid": N}` there, the
+    host pid of the jail's first process (see kill_jail)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise RuntimeError(INSTALL_HINT)
@@ -127,6 +130,10 @@ def jail_command(
         if Path(extra).exists() and not _under(extra, bound):
             argv += ["--ro-bind", extra, extra]
             bound.append(extra)
+    for source, target in binds:
+        if _under(target, ["/usr", *MERGED_USR_LINKS, "/proc", "/dev", "/tmp"]):
+            raise ValueError(f"cannot bind {source} at {target}: that place is the jail's own")
+        argv += ["--ro-bind", source, target]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.tmpfs_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp"]
     for folder in dict.fromkeys(str(Path(p)) for p in hidden):
@@ -238,11 +245,14 @@ def run(
     stdin: bytes,
     timeout: float,
     max_bytes: int,
+    binds: Iterable[tuple[str, str]] = (),
 ) -> JailOutput:
     """Run `command` jailed with `env` (never the caller's environment), feed it `stdin`, and collect its
     output as `pump` does: killed as a whole at `timeout` seconds or past `max_bytes` of output."""
     info_read, info_write = os.pipe()
-    argv = jail_command(command, limits=limits, read_only=read_only, hidden=hidden, info_fd=info_write)
+    argv = jail_command(
+        command, limits=limits, read_only=read_only, hidden=hidden, info_fd=info_write, binds=binds
+    )
     try:
         process = subprocess.Popen(
             argv,

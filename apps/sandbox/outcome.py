@@ -55,9 +55,19 @@ def tool_payload(
     name: str,
     arguments: dict[str, object],
     env: dict[str, str] | None = None,
+    sys_path: list[str] | None = None,
 ) -> bytes:
-    """The wrapper's stdin: the boundary line, then the runner's JSON (with `env`, set by the runner)."""
-    body = json.dumps({"source": source_code, "name": name, "arguments": arguments, "env": env or {}})
+    """The wrapper's stdin: the boundary line, then the runner's JSON (with `env`, set by the runner, and
+    `sys_path`, folders it puts first on the module path)."""
+    body = json.dumps(
+        {
+            "source": source_code,
+            "name": name,
+            "arguments": arguments,
+            "env": env or {},
+            "sys_path": sys_path or [],
+        }
+    )
     return (boundary + "\n" + body).encode()
 
 

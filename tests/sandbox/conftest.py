@@ -1,10 +1,12 @@
-"""Fixtures for the Docker sandbox tests: an engine (or a clear skip), the local base image (built by
-scripts/build_sandbox_image.sh when missing) and a leak check over every container this process started.
+"""Fixtures for the sandbox tests: each backend in turn, a Docker engine (or a clear skip), the local base
+image (built by scripts/build_sandbox_image.sh when missing or of an older recipe) and a leak check over
+every container this process started.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,19 +18,22 @@ from apps.sandbox.docker_sandbox import LABEL_PID, docker_available, get_client
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_IMAGE = os.environ.get("SANDBOX_TEST_IMAGE", "letta-sandbox-base:py3")
+OWN_REPOSITORY = "letta-sandbox-base"  # what scripts/build_sandbox_image.sh builds
 
 
 @pytest.fixture(scope="session")
 def docker_image() -> Iterator[str]:
     """The sandbox base image for tests; skips when no Docker engine answers.
 
-    Builds it on first use (minutes: debootstrap) or re-imports the cached rootfs (seconds). At the end
-    of the session, no container started by this process may remain.
+    Builds it on first use (minutes: debootstrap) or re-imports the cached rootfs (seconds). Our own
+    image is always handed to the script, which rebuilds one of an older recipe (one without pydantic)
+    and otherwise returns at once. At the end of the session, no container started by this process
+    may remain.
     """
     if not docker_available(ttl_seconds=0):
         pytest.skip("no Docker engine answers (docker SDK ping failed): the Docker sandbox tests need one")
     client = get_client()
-    if not client.images.list(name=TEST_IMAGE):
+    if TEST_IMAGE.split(":")[0] == OWN_REPOSITORY or not client.images.list(name=TEST_IMAGE):
         built = subprocess.run(
             ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), TEST_IMAGE],
             capture_output=True,
@@ -50,6 +55,20 @@ def docker_image() -> Iterator[str]:
 def own_containers() -> list:  # type: ignore[type-arg]
     """Sandbox containers started by this test process (others may run tests on this engine too)."""
     return get_client().containers.list(all=True, filters={"label": f"{LABEL_PID}={os.getpid()}"})
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request, settings) -> str:  # type: ignore[no-untyped-def]
+    """Each test runs once per backend, the backend forced (no fallback can hide a failure)."""
+    if request.param == "docker":
+        settings.SANDBOX_BASE_IMAGE = request.getfixturevalue("docker_image")
+        settings.SANDBOX_PULL_IMAGES = False
+    elif shutil.which("bwrap") is None:
+        if os.environ.get("CI"):
+            pytest.fail("bubblewrap is missing: .ci/run must install it")
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
+    settings.SANDBOX_BACKEND = request.param
+    return request.param
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -110,20 +109,6 @@ def flood() -> str:
 '''
 
 PLATFORM_SECRETS = ("DJANGO_SECRET_KEY", "SECRETS_ENCRYPTION_KEY", "DATABASE_URL", "REDIS_URL")
-
-
-@pytest.fixture(params=["local", "docker"])
-def backend(request, settings) -> str:  # type: ignore[no-untyped-def]
-    """Each test runs once per backend, the backend forced (no fallback can hide a failure)."""
-    if request.param == "docker":
-        settings.SANDBOX_BASE_IMAGE = request.getfixturevalue("docker_image")
-        settings.SANDBOX_PULL_IMAGES = False
-    elif shutil.which("bwrap") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bubblewrap is missing: .ci/run must install it")
-        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
-    settings.SANDBOX_BACKEND = request.param
-    return request.param
 
 
 @pytest.fixture
