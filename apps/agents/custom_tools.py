@@ -17,12 +17,18 @@ def run_custom_tool(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> 
     """Execute in the sandbox chosen for the agent's organisation; the result names it.
 
     The tool sees its arguments, the sandbox config's env vars, the agent's secrets and
-    LETTA_AGENT_ID; nothing of the server's own environment. Failures are error results, never raised.
+    LETTA_AGENT_ID; nothing of the server's own environment. Its pip requirements are installed with
+    the sandbox config's (Docker only). Failures are error results, never raised.
     """
     env = {s.key: s.value for s in AgentSecret.objects.for_actor(ctx.actor).filter(agent_id=ctx.agent_id)}
     env["LETTA_AGENT_ID"] = ctx.agent_id
     run = run_in_sandbox(
-        actor=ctx.actor, source_code=tool.source_code, name=tool.name, arguments=arguments, extra_env=env
+        actor=ctx.actor,
+        source_code=tool.source_code,
+        name=tool.name,
+        arguments=arguments,
+        extra_env=env,
+        requirements=tool.pip_requirements or (),
     )
     outcome = run.outcome
     stdout = output_lines(outcome.stdout, tool.return_char_limit)

@@ -50,6 +50,7 @@ class Action(StrEnum):
     TOOL_CREATE = "tool.create"
     TOOL_WRITE = "tool.write"
     TOOL_RUN_CODE = "tool.run_code"
+    TOOL_PIP_REQUIREMENTS = "tool.pip_requirements"
     MCP_SERVER_MANAGE = "mcp_server.manage"
     PROVIDER_MANAGE = "provider.manage"
     SANDBOX_MANAGE = "sandbox.manage"
@@ -111,6 +112,9 @@ MATRIX: dict[Action, Rule] = {
         "created uses it, owners and admins only",
     ),
     Action.TOOL_RUN_CODE: Rule(Who.ADMIN, "run arbitrary tool code (/v1/tools/run, the ADE's tool runner)"),
+    Action.TOOL_PIP_REQUIREMENTS: Rule(
+        Who.ADMIN, "give a tool pip requirements (packages built into the organisation's sandbox images)"
+    ),
     Action.MCP_SERVER_MANAGE: Rule(
         Who.ADMIN, "add, modify, refresh or delete MCP servers, list their tools live, add or run their tools"
     ),

@@ -79,6 +79,11 @@ def normalize_requirements(requirements: Iterable[object]) -> tuple[str, ...]:
             requirement = Requirement(text)
         except InvalidRequirement as exc:
             raise BadRequirement(f"Invalid pip requirement {text!r}: {exc}") from exc
+        if requirement.url:  # the build would fetch it from wherever it points, private addresses too
+            raise BadRequirement(
+                f"Invalid pip requirement {text!r}: direct references (URLs) are not allowed; packages come "
+                "from the package index"
+            )
         requirement.name = canonicalize_name(requirement.name)  # Foo_Bar and foo-bar: one image
         normalized.add(str(requirement))
     return tuple(sorted(normalized, key=str.lower))
@@ -101,14 +106,14 @@ def plan_image(
     """Name the image for these requirements without touching the engine (cheap; a pure function).
 
     The hash covers the base image's id (see ensure_image), the sorted requirements, the wheelhouse's
-    files and the index switch: changing any of them (a re-pulled base included) yields a new tag, and
+    files, the index switch and the install options (wheels only): changing any of them (a re-pulled base included) yields a new tag, and
     an unchanged set reuses the old one.
     """
     reqs = normalize_requirements(requirements)
     if not reqs:
         return ImagePlan(base=base, requirements=(), tag=None)
     digest = hashlib.sha256()
-    for part in (base_id or base, "\n".join(reqs), "no-index" if no_index else "index"):
+    for part in (base_id or base, "\n".join(reqs), "no-index" if no_index else "index", "wheels-only"):
         digest.update(part.encode() + b"\0")
     digest.update(_wheelhouse_digest(wheelhouse))
     return ImagePlan(base=base, requirements=reqs, tag=f"{DERIVED_REPOSITORY}:{digest.hexdigest()[:20]}")
@@ -213,7 +218,14 @@ def forget_images() -> None:
 
 def dockerfile(plan: ImagePlan, *, has_wheels: bool, no_index: bool) -> str:
     """Root installs into the system site-packages; tools later run as nobody and only read them."""
-    options = ["--no-cache-dir", "--disable-pip-version-check", "--break-system-packages"]
+    # Wheels only: installing a wheel unpacks files, while building an sdist runs its setup code, in a build
+    # container that is not behind the egress filter.
+    options = [
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--break-system-packages",
+        "--only-binary=:all:",
+    ]
     if has_wheels:
         options.append("--find-links=/wheelhouse")
     if no_index:

@@ -10,6 +10,7 @@ missing jail tool: nothing runs unisolated. Whatever runs the tool, the result s
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -108,12 +109,19 @@ def container_spec(config: SandboxConfig | None, image: str) -> ContainerSpec:
 
 
 def run_in_sandbox(
-    *, actor: Actor, source_code: str, name: str, arguments: dict[str, object], extra_env: dict[str, str]
+    *,
+    actor: Actor,
+    source_code: str,
+    name: str,
+    arguments: dict[str, object],
+    extra_env: dict[str, str],
+    requirements: Sequence[object] = (),
 ) -> SandboxRun:
     """Run `name(**arguments)` from `source_code` in the chosen sandbox; never raises for tool failures.
 
     The tool's environment is the chosen config's sandbox variables (decrypted), then `extra_env`
-    (agent secrets, LETTA_AGENT_ID): nothing of this server's own environment.
+    (agent secrets, LETTA_AGENT_ID): nothing of this server's own environment. `requirements` (the
+    tool's pip requirements) are installed with the config's, in the image derived for them.
     """
     choice = choose_sandbox(actor=actor)
     if choice.backend is None:
@@ -122,8 +130,8 @@ def run_in_sandbox(
         )
     env = _config_env(actor, choice.config) | extra_env
     if choice.backend == "local":
-        return SandboxRun("local", _run_local(choice.config, source_code, name, arguments, env))
-    return SandboxRun("docker", _run_docker(choice.config, source_code, name, arguments, env))
+        return SandboxRun("local", _run_local(choice.config, source_code, name, arguments, env, requirements))
+    return SandboxRun("docker", _run_docker(choice.config, source_code, name, arguments, env, requirements))
 
 
 def local_limits(config: SandboxConfig | None) -> Limits:
@@ -144,15 +152,17 @@ def _run_local(
     name: str,
     arguments: dict[str, object],
     env: dict[str, str],
+    requirements: Sequence[object] = (),
 ) -> SandboxOutcome:
-    if config is not None and config.pip_requirements:
+    if (config is not None and config.pip_requirements) or requirements:
+        whose = "the tool lists" if requirements else "this organization's local sandbox config lists"
         return SandboxOutcome(
             False,
             None,
             "",
             "",
-            f"Tool '{name}' cannot run: the local sandbox runs the standard library only and this "
-            "organization's local sandbox config lists pip requirements; use a Docker sandbox config.",
+            f"Tool '{name}' cannot run: the local sandbox installs no packages and {whose} pip "
+            "requirements; use a Docker sandbox config.",
         )
     return run_tool_locally(
         source_code=source_code,
@@ -171,11 +181,12 @@ def _run_docker(
     name: str,
     arguments: dict[str, object],
     env: dict[str, str],
+    tool_requirements: Sequence[object] = (),
 ) -> SandboxOutcome:
     """The sandbox runner when SANDBOX_RUNNER_URL is set (the runner picks the network and applies its
     own maxima), else this process's engine; both end in run_docker_tool."""
     timeout = float(config.timeout_seconds) if config else 30.0
-    requirements = list(config.pip_requirements) if config else []
+    requirements = [*(config.pip_requirements if config else []), *tool_requirements]
     if settings.SANDBOX_RUNNER_URL:
         defaults = config or SandboxConfig(sandbox_type=SandboxConfig.Type.DOCKER)
         return remote.run_in_runner(

@@ -11,6 +11,7 @@ from apps.core import permissions
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
+from apps.sandbox.images import BadRequirement, normalize_requirements
 from apps.sandbox.selection import run_in_sandbox
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
 from apps.tools.execution import ToolStatus, cut_to_limit, output_lines, stringify
@@ -216,6 +217,30 @@ def _checked_json_schema(schema: dict[str, Any], *, source_code: str, source_typ
     return {**schema, "name": name, "description": description, "parameters": parameters}
 
 
+MAX_TOOL_PIP_REQUIREMENTS = 100
+
+
+def _check_pip_requirements(actor: Actor, requirements: list[Any] | None, current: list[Any] | None) -> None:
+    """A tool's pip requirements are built into the organisation's sandbox images when it runs (Docker):
+    valid PEP 508 requirements from the package index, at most MAX_TOOL_PIP_REQUIREMENTS, set by owners
+    and admins (TOOL_PIP_REQUIREMENTS; keeping a tool's present ones is anyone's). Raises InvalidInput,
+    PermissionDenied."""
+    if not requirements:
+        return
+    if len(requirements) > MAX_TOOL_PIP_REQUIREMENTS:
+        raise InvalidInput(f"pip_requirements: at most {MAX_TOOL_PIP_REQUIREMENTS} requirements")
+    try:
+        wanted = normalize_requirements(requirements)
+    except BadRequirement as exc:
+        raise InvalidInput(f"pip_requirements: {exc}") from exc
+    try:
+        unchanged = wanted == normalize_requirements(current or [])
+    except BadRequirement:
+        unchanged = False
+    if not unchanged:
+        permissions.require(actor, Action.TOOL_PIP_REQUIREMENTS)
+
+
 def _check_return_limit(limit: int | None) -> None:
     if limit is not None and not 1 <= limit <= MAX_RETURN_CHAR_LIMIT:
         raise InvalidInput(f"return_char_limit must be between 1 and {MAX_RETURN_CHAR_LIMIT}, got {limit}")
@@ -253,6 +278,10 @@ def tool_upsert(
     name = schema["name"]
     _refuse_builtin(name)
     _check_return_limit(return_char_limit)
+    current = (
+        Tool.objects.for_actor(actor).filter(name=name).values_list("pip_requirements", flat=True).first()
+    )
+    _check_pip_requirements(actor, pip_requirements, current)
     given = {
         "description": description,
         "tags": tags,
@@ -338,6 +367,8 @@ def tool_update(
     require_tool_writer(actor, tool)
     if return_char_limit is not _UNSET:
         _check_return_limit(return_char_limit)
+    if pip_requirements is not _UNSET:
+        _check_pip_requirements(actor, pip_requirements, tool.pip_requirements)
     schema_inputs = (source_code, source_type, json_schema, args_json_schema)
     if any(value is not _UNSET for value in schema_inputs):
         new_source = tool.source_code if source_code is _UNSET else source_code
@@ -429,16 +460,19 @@ def tool_run(
     tool_id: str | None = None,
     name: str | None = None,
     env_vars: dict[str, str] | None = None,
+    pip_requirements: list[dict[str, Any]] | None = None,
 ) -> ToolRunOutcome:
     """Run a tool's source (given, or a stored user tool's) on `args` in the sandbox an agent would use
     (Docker where an engine answers, else the local one): never this process. The organisation's
-    sandbox variables are set, then `env_vars`.
+    sandbox variables are set, then `env_vars`; `pip_requirements` (else a stored tool's own) are
+    installed with the sandbox config's.
 
     Only owners and admins may run code this way (the role matrix's TOOL_RUN_CODE).
     Raises NotFound, BuiltinToolReadOnly (built-ins run only inside an agent), ToolSchemaError,
     InvalidInput (no function to call; the organisation forbids the local sandbox).
     """
     permissions.require(actor, Action.TOOL_RUN_CODE)
+    _check_pip_requirements(actor, pip_requirements, None)
     limit = DEFAULT_RETURN_CHAR_LIMIT
     if tool_id is not None:
         tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()
@@ -449,6 +483,8 @@ def tool_run(
                 f"Tool '{tool.name}' is a built-in Letta tool: it runs only inside an agent"
             )
         source, function, limit = tool.source_code, tool.name, tool.return_char_limit
+        if pip_requirements is None:
+            pip_requirements = tool.pip_requirements
     elif source_code is not None:
         check_source_size(source_code)
         functions = _top_level_functions(source_code)
@@ -464,7 +500,12 @@ def tool_run(
         raise InvalidInput("Give the tool's source_code or a tool_id")
     # The same sandbox an agent's call would use (Docker first), never this process.
     ran = run_in_sandbox(
-        actor=actor, source_code=source, name=function, arguments=args, extra_env=env_vars or {}
+        actor=actor,
+        source_code=source,
+        name=function,
+        arguments=args,
+        extra_env=env_vars or {},
+        requirements=pip_requirements or (),
     )
     if ran.backend is None:
         raise InvalidInput(f"Tools cannot be run here: {ran.outcome.error}")

@@ -260,6 +260,14 @@ CASES = [
         takes_effect=False,
     ),
     Case(
+        "give a tool pip requirements",
+        Action.TOOL_PIP_REQUIREMENTS,
+        lambda c, w: c.patch(
+            f"/v1/tools/{w.tool.id}", {"pip_requirements": [{"name": "requests"}]}, format="json"
+        ),
+        lambda w: Tool.objects.unscoped().get(id=w.tool.id).pip_requirements == [{"name": "requests"}],
+    ),
+    Case(
         "add an MCP server",
         Action.MCP_SERVER_MANAGE,
         lambda c, w: c.post(

@@ -126,6 +126,18 @@ class ToolRunIn(serializers.Serializer):
     def validate(self, attrs: dict[str, object]) -> dict[str, object]:
         if (attrs.get("source_code") is None) == (attrs.get("tool_id") is None):
             raise serializers.ValidationError({"source_code": "give exactly one of source_code or tool_id"})
+        # Letta runs Python and TypeScript sources; this server runs Python only.
+        if attrs.get("source_type") not in (None, "python"):
+            raise serializers.ValidationError(
+                {"source_type": f"only 'python' tools run here, not {attrs['source_type']!r}"}
+            )
+        if attrs.get("npm_requirements"):
+            raise serializers.ValidationError(
+                {"npm_requirements": "only Python tools run here: no npm packages"}
+            )
+        schema_name = (attrs.get("json_schema") or {}).get("name")
+        if schema_name is not None and attrs.get("name") not in (None, schema_name):
+            raise serializers.ValidationError({"json_schema": "its name differs from `name`"})
         return attrs
 
 

@@ -163,8 +163,10 @@ class ToolRunApi(OrgApiView):
             args=params["args"],
             source_code=params.get("source_code"),
             tool_id=params.get("tool_id"),
-            name=params.get("name"),
+            # Letta names the function to call after json_schema when it is given.
+            name=params.get("name") or (params.get("json_schema") or {}).get("name"),
             env_vars=params.get("env_vars"),
+            pip_requirements=params.get("pip_requirements"),
         )
         message = {
             "id": new_message_id(),
