@@ -269,6 +269,11 @@ class Step(OrgOwnedModel):
     tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     error_type = models.CharField(max_length=200, blank=True, default="")
     error_data = models.JSONField(null=True, blank=True)
+    logprobs = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The LLM call's output-token log probabilities, when the send asked for them (return_logprobs).",
+    )
     trace = models.BinaryField(
         null=True,
         blank=True,

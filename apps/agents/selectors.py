@@ -527,6 +527,12 @@ def run_message_list(*, actor: Actor, run_id: str, include_system: bool = False)
     return _visible_messages(qs, include_system=include_system)
 
 
+def run_last_logprobs(*, actor: Actor, run_id: str) -> dict[str, Any] | None:
+    """The log probabilities of the run's last LLM call that has them (Step.logprobs), or None."""
+    steps = Step.objects.for_actor(actor).filter(run_id=run_id, logprobs__isnull=False)
+    return steps.order_by("-created_at", "-id").values_list("logprobs", flat=True).first()
+
+
 def step_message_list(*, actor: Actor, step_id: str) -> QuerySet[Message]:
     """The messages one step produced. Raises NotFound."""
     step_get(actor=actor, step_id=step_id)

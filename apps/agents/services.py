@@ -469,6 +469,8 @@ def run_create(
     override_system: str | None = None,
     client_skills: list[dict[str, str]] | None = None,
     include_compaction_messages: bool = False,
+    return_logprobs: bool = False,
+    top_logprobs: int | None = None,
 ) -> Run:
     """Persist the input (user messages and/or an approval decision) and a Run that will process it.
 
@@ -477,7 +479,8 @@ def run_create(
     request_config: `override_model` (a handle the organisation can use, for this run's LLM calls only),
     `override_system` (sent instead of the compiled system message), `client_skills` (listed in the
     system message's <available_skills>), `include_compaction_messages` (compaction answers as
-    event_message + summary_message instead of Letta's older user_message).
+    event_message + summary_message instead of Letta's older user_message), `return_logprobs` and
+    `top_logprobs` (asked of the model at every call; kept with each step, the last call's in the answer).
     Raises PendingApproval (409) for a normal message while a call awaits approval, NoPendingApproval or
     InvalidInput for an approval that matches nothing, MaxStepsExceeded past the organisation's step
     limit (`max_steps` None: Letta's default, 50, within that limit), NotFound for an override_model
@@ -532,6 +535,8 @@ def run_create(
         "override_system": override_system,
         "client_skills": client_skills or None,
         "include_compaction_messages": include_compaction_messages or None,
+        "return_logprobs": return_logprobs or None,
+        "top_logprobs": top_logprobs if return_logprobs else None,
     }
 
     run = Run(

@@ -53,6 +53,9 @@ class ChatRequest:
     temperature: float | None = None
     max_tokens: int | None = None
     parallel_tool_calls: bool | None = None
+    # Log probabilities of the output tokens (OpenAI's `logprobs`, with `top_logprobs` alternatives each).
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     # The JSON text of each of `messages` (encode_message), when the caller keeps it: a step resends
     # hundreds of unchanged messages, and the OpenAI-wire body then encodes only what is new.
     messages_json: list[str] | None = None
@@ -85,6 +88,9 @@ class ChatResponse:
     raw: dict[str, Any] = field(repr=False)
     latency_ms: int
     attempts: int = 1
+    # The choice's `logprobs` ({content: [{token, logprob, bytes, top_logprobs}], refusal}) when asked for
+    # and the provider returned them.
+    logprobs: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +249,8 @@ def _wire_request(
         max_tokens=request.max_tokens,
         parallel_tool_calls=request.parallel_tool_calls,
         stream=stream,
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs,
     )
     encoded = openai_wire.encode(body, messages_json=request.messages_json)
     extra = {"api_base": endpoint_for_tenants(target.api_base), "timeout": policy.timeout}
@@ -278,6 +286,10 @@ def _call_kwargs(
         kwargs["temperature"] = request.temperature
     if request.max_tokens is not None:
         kwargs["max_tokens"] = request.max_tokens
+    if request.logprobs:
+        kwargs["logprobs"] = True
+        if request.top_logprobs is not None:
+            kwargs["top_logprobs"] = request.top_logprobs
     if stream:
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
@@ -334,6 +346,7 @@ def _from_completion(
         answer = (content or "") + (reasoning or "") + "".join(c.name + c.arguments for c in tool_calls)
         completion_tokens = count_text_tokens(target.litellm_model, answer)
     details = usage.get("completion_tokens_details") or {}
+    logprobs = choice.get("logprobs")
     return ChatResponse(
         content=content if isinstance(content, str) else None,
         reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
@@ -346,6 +359,7 @@ def _from_completion(
         raw={"request": trace, "response": completion},
         latency_ms=latency_ms,
         attempts=attempts,
+        logprobs=logprobs if isinstance(logprobs, dict) and logprobs.get("content") is not None else None,
     )
 
 
@@ -375,6 +389,7 @@ class _StreamAssembler:
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
+        self.logprobs: list[Any] | None = None  # the chunks' logprobs.content entries, in order
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self.id: str | None = None
@@ -389,6 +404,9 @@ class _StreamAssembler:
             if not isinstance(choice, dict):
                 raise InvalidLLMResponse("stream chunk choice is not an object")
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            pieces = (choice.get("logprobs") or {}).get("content")
+            if isinstance(pieces, list):
+                self.logprobs = [*(self.logprobs or []), *pieces]
             delta = choice.get("delta") or {}
             if reasoning := delta.get("reasoning_content"):
                 self.reasoning.append(reasoning)
@@ -444,6 +462,15 @@ class _StreamAssembler:
             "id": self.id,
             "object": "chat.completion",
             "model": self.model or fallback_model,
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": self.finish_reason,
+                    "logprobs": None
+                    if self.logprobs is None
+                    else {"content": self.logprobs, "refusal": None},
+                }
+            ],
             "usage": self.usage,
         }

@@ -58,6 +58,8 @@ def request_body(
     max_tokens: int | None,
     parallel_tool_calls: bool | None,
     stream: bool,
+    logprobs: bool | None = None,
+    top_logprobs: int | None = None,
 ) -> dict[str, Any]:
     """The JSON body of POST {api_base}/chat/completions."""
     model = target.litellm_model.removeprefix(WIRE_PREFIX)
@@ -77,6 +79,10 @@ def request_body(
             body["tool_choice"] = tool_choice
         else:
             body[key] = value
+    if logprobs:
+        body["logprobs"] = True
+        if top_logprobs is not None:
+            body["top_logprobs"] = top_logprobs
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

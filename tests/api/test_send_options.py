@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from apps.agents.models import Agent, Run
+from apps.agents.models import Agent, Run, Step
 from tests.api.test_messages_api import new_agent, send, sse_events, types, user
-from tests.support.scripted_llm import text
+from tests.support.scripted_llm import text, tool_call, tool_calls
 
 worker = pytest.mark.django_db(transaction=True)
 LONG = "I went hiking in the Alps last summer and the views were amazing. " * 8  # about 130 tokens
@@ -138,18 +138,76 @@ def test_compaction_answers_as_event_and_summary_only_when_asked(
 
 
 @worker
-@pytest.mark.parametrize("field", ["return_logprobs", "top_logprobs", "return_token_ids"])
-def test_token_data_fields_are_refused_by_name_not_dropped(client, actor, llm, celery_worker, field):
+def test_return_logprobs_asks_the_model_and_answers_the_last_calls_keeping_each_with_its_step(
+    client, actor, llm, celery_worker
+):
+    agent = new_agent(actor)
+    llm.push(
+        tool_calls(tool_call("memory_insert", {"label": "human", "new_string": "Likes tea"})),
+        text("Noted, tea it is."),
+    )
+
+    response = send(client, agent.id, {**user("I like tea"), "return_logprobs": True, "top_logprobs": 2})
+
+    assert response.status_code == 200, response.content
+    first, last = llm.chat_requests()[-2:]
+    assert (first["logprobs"], first["top_logprobs"]) == (True, 2)
+    assert (last["logprobs"], last["top_logprobs"]) == (True, 2)
+    logprobs = response.json()["logprobs"]
+    assert [entry["token"] for entry in logprobs["content"]] == ["Noted,", " tea", " it", " is."]
+    assert [len(entry["top_logprobs"]) for entry in logprobs["content"]] == [2, 2, 2, 2]
+    assert all(entry["logprob"] < 0 for entry in logprobs["content"])
+    steps = Step.objects.for_actor(actor).order_by("created_at")
+    assert [step.logprobs is not None for step in steps] == [True, True]  # kept with each step
+    assert steps[1].logprobs == logprobs
+
+
+@worker
+def test_a_token_streamed_send_keeps_the_streamed_logprobs_with_its_step(client, actor, llm, celery_worker):
+    agent = new_agent(actor)
+    llm.push(text("Streamed words here."))
+
+    response = send(
+        client, agent.id, {**user("hi"), "streaming": True, "stream_tokens": True, "return_logprobs": True}
+    )
+
+    assert [d for _, d in sse_events(response)][-1] == "[DONE]"
+    assert llm.last_chat_request()["stream"] is True
+    kept = Step.objects.for_actor(actor).get().logprobs
+    assert [entry["token"] for entry in kept["content"]] == ["Streamed", " words", " here."]
+
+
+@worker
+def test_without_return_logprobs_nothing_is_asked_or_answered(client, actor, llm, celery_worker):
     agent = new_agent(actor)
     llm.push(text("Hello"))
 
-    response = send(client, agent.id, {**user("hi"), field: 5 if field == "top_logprobs" else True})
-    defaults = send(client, agent.id, {**user("hi"), field: None if field == "top_logprobs" else False})
+    response = send(client, agent.id, {**user("hi"), "return_logprobs": False, "top_logprobs": None})
+
+    assert response.status_code == 200
+    assert response.json()["logprobs"] is None
+    assert "logprobs" not in llm.last_chat_request()
+    assert Step.objects.for_actor(actor).get().logprobs is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"top_logprobs": 3}, "top_logprobs", "Requires return_logprobs=true."),
+        ({"return_logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ({"return_token_ids": True}, "return_token_ids", "not supported"),
+    ],
+)
+def test_token_data_fields_that_cannot_be_honoured_are_refused_by_name(client, actor, body, field, says):
+    agent = new_agent(actor)
+
+    response = send(client, agent.id, {**user("hi"), **body})
 
     assert response.status_code == 422
-    assert response.json()["detail"].startswith(f"{field}: not supported")
-    assert defaults.status_code == 200  # the SDK's defaults ask for nothing
-    assert Run.objects.for_actor(actor).count() == 1
+    assert response.json()["detail"].startswith(f"{field}:")
+    assert says in response.json()["detail"]
+    assert not Run.objects.for_actor(actor).exists()
 
 
 @worker

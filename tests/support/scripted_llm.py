@@ -565,6 +565,31 @@ class _Completion:
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return usage
 
+    def token_logprobs(self, piece: str, position: int) -> dict[str, Any]:
+        """A made-up, deterministic log probability for one output word (as a provider's `logprobs`
+        entry), with `top_logprobs` alternatives when the request asked for them."""
+        logprob = -round(0.05 * (position + 1), 4)
+        alternatives = [
+            {
+                "token": piece if rank == 0 else f"{piece.strip()}~{rank}",
+                "logprob": logprob - rank,
+                "bytes": None,
+            }
+            for rank in range(int(self.body.get("top_logprobs") or 0))
+        ]
+        return {
+            "token": piece,
+            "logprob": logprob,
+            "bytes": list(piece.encode()),
+            "top_logprobs": alternatives,
+        }
+
+    def logprobs(self) -> dict[str, Any] | None:
+        if not self.body.get("logprobs"):
+            return None
+        pieces = _split_words(self.turn["content"]) if self.turn.get("content") else []
+        return {"content": [self.token_logprobs(p, i) for i, p in enumerate(pieces)], "refusal": None}
+
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -590,7 +615,12 @@ class _Completion:
         return {
             **self._envelope("chat.completion"),
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": self.logprobs(),
+                    "finish_reason": self.finish_reason,
+                }
             ],
             "usage": self.usage(),
         }
@@ -598,10 +628,12 @@ class _Completion:
     def chunks(self) -> Iterator[dict[str, Any]]:
         include_usage = bool((self.body.get("stream_options") or {}).get("include_usage"))
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def chunk(
+            delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
             out = {
                 **self._envelope("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
             }
             if include_usage:
                 out["usage"] = None
@@ -612,8 +644,13 @@ class _Completion:
             for piece in _split_words(self.turn["reasoning"]):
                 yield chunk({"reasoning_content": piece})
         if self.turn.get("content"):
-            for piece in _split_words(self.turn["content"]):
-                yield chunk({"content": piece})
+            for position, piece in enumerate(_split_words(self.turn["content"])):
+                logprobs = (
+                    {"content": [self.token_logprobs(piece, position)], "refusal": None}
+                    if self.body.get("logprobs")
+                    else None
+                )
+                yield chunk({"content": piece}, logprobs=logprobs)
         for index, call in enumerate(self.calls):
             yield chunk(
                 {

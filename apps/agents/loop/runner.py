@@ -427,6 +427,7 @@ def _step(state: LoopState) -> StopRun | None:
     step.total_tokens = response.prompt_tokens + response.completion_tokens
     step.reasoning_tokens = response.reasoning_tokens or None
     step.latency_ms = response.latency_ms
+    step.logprobs = response.logprobs
     state.traces.append((step.id, response.raw.get("request"), response.raw.get("response")))
     step.status = Step.Status.SUCCESS
 
@@ -528,6 +529,8 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
             temperature=state.agent.temperature,
             max_tokens=state.agent.max_tokens,
             parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
+            logprobs=bool(state.run.request_config.get("return_logprobs")) or None,
+            top_logprobs=state.run.request_config.get("top_logprobs"),
             messages_json=_messages_json(state, messages, dropped=len(stored) + 1 - len(messages))
             if llm.takes_messages_json(state.target)
             else None,

@@ -71,6 +71,8 @@ class SendRequest:
     override_system: str | None = None
     client_skills: list[dict[str, str]] = field(default_factory=list)
     include_compaction_messages: bool = False
+    return_logprobs: bool = False
+    top_logprobs: int | None = None
 
     @property
     def otids(self) -> list[str]:
@@ -93,6 +95,8 @@ class SendRequest:
             "override_system": self.override_system,
             "client_skills": self.client_skills,
             "include_compaction_messages": self.include_compaction_messages,
+            "return_logprobs": self.return_logprobs,
+            "top_logprobs": self.top_logprobs,
         }
 
 
@@ -105,8 +109,6 @@ class ClientSkillIn(serializers.Serializer):
 
 
 SEND_UNSUPPORTED = {
-    "return_logprobs": "log probabilities are not returned by this server yet",
-    "top_logprobs": "log probabilities are not returned by this server yet",
     "return_token_ids": "token ids need an SGLang provider's native /generate endpoint, which this server "
     "does not call",
 }
@@ -158,6 +160,12 @@ class LettaRequestIn(serializers.Serializer):
     )
     client_skills = ClientSkillIn(many=True, required=False, allow_null=True, max_length=200)
     include_compaction_messages = serializers.BooleanField(required=False, default=False)
+    return_logprobs = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Ask the model for the output tokens' log probabilities; the last call's are in `logprobs`.",
+    )
+    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=20)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         refuse_unsupported(data, SEND_UNSUPPORTED)
@@ -176,6 +184,8 @@ class LettaRequestIn(serializers.Serializer):
             attrs["parsed"] = ([MessageIn(content=_content(attrs["input"], "input"))], None)
         else:
             attrs["parsed"] = _parse_items(attrs["messages"])
+        if attrs.get("top_logprobs") is not None and not attrs.get("return_logprobs"):
+            raise serializers.ValidationError({"top_logprobs": "Requires return_logprobs=true."})
         otids = [m.otid for m in attrs["parsed"][0] if m.otid]
         if len(otids) != len(set(otids)):  # each otid takes one message (message_otid_once_per_conversation)
             raise serializers.ValidationError({"messages": "Two messages have the same otid."})
@@ -202,6 +212,8 @@ class LettaRequestIn(serializers.Serializer):
             override_system=data.get("override_system"),
             client_skills=[dict(skill) for skill in data.get("client_skills") or []],
             include_compaction_messages=data["include_compaction_messages"],
+            return_logprobs=data["return_logprobs"],
+            top_logprobs=data.get("top_logprobs"),
         )
 
 

@@ -220,9 +220,16 @@ def letta_response(
             "context_tokens": None,
             **usage,
         },
-        "logprobs": None,
+        "logprobs": _last_logprobs(run, actor=actor),
         "turns": None,
     }
+
+
+def _last_logprobs(run: Run, *, actor: Actor) -> dict[str, Any] | None:
+    """The last LLM call's output-token log probabilities, when the send asked for them (as Letta answers)."""
+    if not run.request_config.get("return_logprobs"):
+        return None
+    return agent_selectors.run_last_logprobs(actor=actor, run_id=run.id)
 
 
 def filter_types(messages: list[dict[str, Any]], include: frozenset[str] | None) -> list[dict[str, Any]]:
