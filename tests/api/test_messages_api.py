@@ -897,3 +897,19 @@ def test_the_database_refuses_a_second_run_for_one_otid(actor):
         run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="hi", otid="otid-race")])
 
     assert Run.objects.for_actor(actor).count() == 1
+
+
+@pytest.mark.django_db
+def test_modifying_a_message_is_refused_as_letta_refuses_it_and_changes_nothing(client, actor):
+    agent = new_agent(actor)
+    message = MessageFactory(organization_id=actor.organization_id, agent=agent, text="as sent")
+
+    response = client.patch(
+        f"/v1/agents/{agent.id}/messages/{message.id}",
+        {"message_type": "user_message", "content": "rewritten"},
+        format="json",
+    )
+
+    assert response.status_code == 405
+    assert response.json()["detail"].startswith("Message editing is no longer supported.")
+    assert Message.objects.for_actor(actor).get(id=message.id).text == "as sent"

@@ -1,7 +1,9 @@
 """A run's in-context messages, fetched from the database only when this process has not seen them.
 
-A stored message's content never changes: the loop appends new messages and no code path edits or
-deletes one (an agent's or organisation's deletion removes all of theirs). What does change is not read
+A stored message's content never changes: the loop appends new messages, no code path edits or deletes
+one (an agent's or organisation's deletion removes all of theirs) and the API refuses edits with a 405, as
+Letta does. The one exception, a thread's stored system message (apps.agents.system_messages), is never in
+a `message_ids` list (agent_update strips it), so it is never loaded here. What does change is not read
 from kept messages: recall's embedding columns (not loaded here), and run/step ids set to NULL when a run
 or step is deleted (the loop compares run ids only for its own run's input). So a process keeps the
 messages it has loaded, by id, and each run fetches only the ones it has not seen yet, usually the input

@@ -349,6 +349,21 @@ class AgentResetMessagesApi(OrgApiView):
         return Response(agent_serializers.agent_state(agent, actor=self.actor))
 
 
+MESSAGES_ARE_IMMUTABLE = (
+    "Message editing is no longer supported. Messages are immutable as they may be shared across multiple "
+    "conversations via forking."
+)
+
+
+class AgentMessageModifyApi(OrgApiView):
+    """Letta's deprecated modify_message: refused with a 405, as Letta 0.16.7 refuses it. Stored messages
+    never change (forks share them, and workers keep the ones they have loaded: loop/stored_messages.py)."""
+
+    @extend_schema(operation_id="modify_message", request=None, responses={405: dict}, deprecated=True)
+    def patch(self, request: Request, agent_id: str, message_id: str) -> Response:
+        return Response({"detail": MESSAGES_ARE_IMMUTABLE}, status=status.HTTP_405_METHOD_NOT_ALLOWED)
+
+
 class MessageListApi(OrgApiView):
     @extend_schema(
         operation_id="list_all_messages",
@@ -389,6 +404,11 @@ urlpatterns = [
     ),
     re_path(
         rf"^v1/agents/{AGENT}/reset-messages/?$", AgentResetMessagesApi.as_view(), name="agent-reset-messages"
+    ),
+    re_path(
+        rf"^v1/agents/{AGENT}/messages/(?P<message_id>message-[^/]+)/?$",
+        AgentMessageModifyApi.as_view(),
+        name="agent-message-modify",
     ),
     re_path(r"^v1/messages/?$", MessageListApi.as_view(), name="messages"),
     # Only message ids: /v1/messages/search (not served here) must not land on the detail view.
