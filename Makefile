@@ -26,6 +26,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+check: $(STAMP)  ## lint, formatting, the apps' import layers, types against their baseline, migrations
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_types.py
+	DJANGO_SECRET_KEY=check DATABASE_URL=postgres://check@127.0.0.1:1/none REDIS_URL=redis://127.0.0.1:1/0 \
+		$(PY) -W ignore::RuntimeWarning manage.py makemigrations --check --dry-run
+
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .

@@ -20,12 +20,12 @@ from tests.support.workers import WorkerProcess, worker_env
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
+def _fast_password_hashing(settings) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
-def _no_accidental_throttling(settings) -> None:  # type: ignore[no-untyped-def]
+def _no_accidental_throttling(settings) -> None:
     """Request rates and wrong-key limits no test reaches by accident (the counters live in Redis, shared
     by every test and run); tests of throttling set their own."""
     settings.API_RATE_PER_KEY = settings.API_RATE_PER_ORG = "1000000/min"
@@ -33,12 +33,12 @@ def _no_accidental_throttling(settings) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def org(db) -> Organization:  # type: ignore[no-untyped-def]
+def org(db) -> Organization:
     return OrganizationFactory(name="Acme")
 
 
 @pytest.fixture
-def other_org(db) -> Organization:  # type: ignore[no-untyped-def]
+def other_org(db) -> Organization:
     return OrganizationFactory(name="Globex")
 
 
@@ -63,7 +63,7 @@ def other_org_actor(other_org: Organization, other_user: User) -> Actor:
 
 
 @pytest.fixture
-def api_client_for(db) -> Callable[[Actor], APIClient]:  # type: ignore[no-untyped-def]
+def api_client_for(db) -> Callable[[Actor], APIClient]:
     """An APIClient authenticated the way the Letta SDK is: `Authorization: Bearer <key>`."""
 
     def make(actor: Actor) -> APIClient:
@@ -90,7 +90,7 @@ def scripted_server() -> Iterator[ScriptedLLMServer]:
 
 
 @pytest.fixture
-def llm(scripted_server: ScriptedLLMServer, settings) -> Iterator[ScriptedLLM]:  # type: ignore[no-untyped-def]
+def llm(scripted_server: ScriptedLLMServer, settings) -> Iterator[ScriptedLLM]:
     """The scripted LLM (tests/support/scripted_llm.py), reset, with the deployment's OpenAI settings pointing at it and fast retries."""
     settings.OPENAI_API_KEY = "sk-test"
     settings.OPENAI_BASE_URL = scripted_server.url
@@ -108,7 +108,7 @@ def llm(scripted_server: ScriptedLLMServer, settings) -> Iterator[ScriptedLLM]: 
 @pytest.fixture(scope="session")
 def celery_worker(
     django_db_setup, scripted_server: ScriptedLLMServer, tmp_path_factory
-) -> Iterator[WorkerProcess]:  # type: ignore[no-untyped-def]
+) -> Iterator[WorkerProcess]:
     """A real Celery worker process on the test database, calling the scripted LLM. Tests that use it
     need committed data: mark them `@pytest.mark.django_db(transaction=True)`."""
     log_dir = Path(tmp_path_factory.mktemp("workers"))
@@ -126,7 +126,7 @@ def celery_worker(
 
 
 @pytest.fixture(autouse=True)
-def _worker_idle_before_the_database_is_flushed(request, _django_db_helper) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def _worker_idle_before_the_database_is_flushed(request, _django_db_helper) -> Iterator[None]:
     """A test that used the worker ends only when the worker has no task left: a run it is still
     finishing (a cancelled one writes its end, then its traces) would otherwise hold row locks while
     the transactional test's flush truncates every table, and the two deadlock. Set up after the

@@ -45,7 +45,7 @@ class OrgOwnedFactory(DjangoModelFactory):
     organization = factory.SubFactory(OrganizationFactory)
 
     @classmethod
-    def _get_manager(cls, model_class):  # type: ignore[no-untyped-def]
+    def _get_manager(cls, model_class):
         return model_class.all_objects
 
 

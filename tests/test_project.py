@@ -1,8 +1,10 @@
-"""Project-wide guarantees: migrations match the models, and the code is lint-clean."""
+"""Project-wide guarantees: migrations match the models, the code is lint-clean, the apps keep their
+import layers, and the type baseline only shrinks."""
 
 import io
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from django.core.management import call_command
@@ -24,3 +26,30 @@ def test_ruff_is_clean():
     )
 
     assert result.returncode == 0, result.stdout
+
+
+def test_the_apps_keep_their_import_layers():
+    """pyproject.toml's import contract: each app imports only the layers below it (make check runs it too)."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT, capture_output=True, text=True
+    )
+
+    assert result.returncode == 0, result.stdout
+    assert "Contracts: 1 kept, 0 broken." in result.stdout
+
+
+def test_the_type_baseline_refuses_a_new_error_and_asks_to_record_a_fixed_one():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from check_types import compare
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    baseline = Counter({("apps/a.py", "arg-type"): 2, ("apps/b.py", "attr-defined"): 1})
+
+    same = compare(Counter(baseline), baseline)
+    new = compare(baseline + Counter({("apps/c.py", "arg-type"): 1}), baseline)
+    fixed = compare(Counter({("apps/a.py", "arg-type"): 1, ("apps/b.py", "attr-defined"): 1}), baseline)
+
+    assert same == ([], [])
+    assert new == ([("apps/c.py", "arg-type")], [])
+    assert fixed == ([], [("apps/a.py", "arg-type")])

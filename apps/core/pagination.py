@@ -24,7 +24,7 @@ class PageParams:
 
     @classmethod
     def from_query(cls, params: dict[str, str] | object, *, default_limit: int = 50) -> PageParams:
-        get = params.get  # type: ignore[attr-defined]
+        get = params.get
         order = get("order") or "desc"
         if order not in ("asc", "desc"):
             raise InvalidInput("order must be 'asc' or 'desc'")

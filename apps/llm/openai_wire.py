@@ -251,5 +251,5 @@ def _headers(target: ModelTarget | EmbeddingTarget) -> dict[str, str]:
 def _http(target: ModelTarget | EmbeddingTarget) -> httpx.Client:
     """The deployment's providers: the shared client. URLs an organisation chose: the guarded one."""
     if is_deployment_endpoint(target.api_base):
-        return litellm.client_session  # type: ignore[no-any-return]
+        return litellm.client_session
     return tenant_client()

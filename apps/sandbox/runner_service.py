@@ -160,7 +160,7 @@ def _env(raw: object) -> dict[str, str]:
     )
     if not ok:
         raise BadRequest("env must map non-empty names without '=' or NUL to string values without NUL")
-    return dict(raw)  # type: ignore[arg-type]
+    return dict(raw)
 
 
 def _requirements(raw: object) -> list[object]:

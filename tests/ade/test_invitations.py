@@ -43,13 +43,13 @@ def path_of(link: str) -> str:
     return link.removeprefix("http://testserver")
 
 
-def main_of(response) -> str:  # type: ignore[no-untyped-def]
+def main_of(response) -> str:
     """The page's content, without the per-request parts around it (CSRF token, top bar)."""
     body = response.content.decode()
     return body[body.index("<main") : body.index("</main>")]
 
 
-def members_of(org) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def members_of(org) -> dict[str, str]:
     return dict(Membership.objects.filter(organization=org).values_list("user__username", "role"))
 
 
@@ -391,6 +391,6 @@ def test_of_two_people_accepting_at_once_only_one_joins(org, user):
 
     assert waited
     response = answers["second"]
-    assert response.status_code == 404  # type: ignore[attr-defined]
-    assert "This invitation is not valid" in response.content.decode()  # type: ignore[attr-defined]
+    assert response.status_code == 404
+    assert "This invitation is not valid" in response.content.decode()
     assert set(members_of(org)) == {"alice", "first"}

@@ -14,7 +14,7 @@ PASSWORD = "pw-for-tests-1"  # tests.factories.UserFactory's
 
 
 @pytest.fixture(autouse=True)
-def _three_attempts(settings):  # type: ignore[no-untyped-def]
+def _three_attempts(settings):
     settings.AXES_FAILURE_LIMIT = 3
 
 

@@ -243,7 +243,7 @@ def test_the_overview_is_what_the_next_llm_request_contains(
 
 def test_the_context_viewer_says_why_when_the_model_cannot_be_resolved(
     signed_in: Client, actor: Actor, settings
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     settings.OPENAI_API_KEY = ""
     settings.OPENAI_BASE_URL = ""
     agent = _make_agent(actor, name="NoProvider")

@@ -19,7 +19,7 @@ SECRET = "sk-proj-very-secret-0123456789abcdef"
 
 
 @pytest.fixture
-def no_deployment_llm(settings):  # type: ignore[no-untyped-def]
+def no_deployment_llm(settings):
     """A deployment without OPENAI_*/ANTHROPIC_API_KEY/OLLAMA_BASE_URL: only organisation providers count."""
     settings.OPENAI_API_KEY = ""
     settings.OPENAI_BASE_URL = ""
@@ -28,7 +28,7 @@ def no_deployment_llm(settings):  # type: ignore[no-untyped-def]
     return settings
 
 
-def client_for(user: User):  # type: ignore[no-untyped-def]
+def client_for(user: User):
     from django.test import Client
 
     c = Client()
@@ -36,7 +36,7 @@ def client_for(user: User):  # type: ignore[no-untyped-def]
     return c
 
 
-def add_provider(client, **fields):  # type: ignore[no-untyped-def]
+def add_provider(client, **fields):
     data = {"provider_type": "openai", "name": "openai", "api_key": SECRET, "base_url": ""} | fields
     return client.post("/settings/providers/", data, **HTMX)
 

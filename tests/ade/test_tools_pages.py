@@ -37,13 +37,13 @@ FAILING = '''def explode(reason: str) -> str:
 
 
 @pytest.fixture
-def local_sandbox(settings):  # type: ignore[no-untyped-def]
+def local_sandbox(settings):
     """Runs go to the local jail (fast, no engine needed; Docker has its own tests)."""
     settings.SANDBOX_BACKEND = "local"
     return settings
 
 
-def custom_tool(actor, source: str = ADD, **fields) -> Tool:  # type: ignore[no-untyped-def]
+def custom_tool(actor, source: str = ADD, **fields) -> Tool:
     return tool_upsert(actor=actor, source_code=source, **fields)
 
 

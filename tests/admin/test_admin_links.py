@@ -16,12 +16,12 @@ from tests.admin.html_form import form_data, select_options
 from tests.factories import AgentFactory, ArchiveFactory, BlockFactory, ToolFactory, UserFactory
 
 
-def text(response) -> str:  # type: ignore[no-untyped-def]
+def text(response) -> str:
     return unescape(response.content.decode())
 
 
 @pytest.fixture
-def two_org_owner(org, other_org):  # type: ignore[no-untyped-def]
+def two_org_owner(org, other_org):
     """A staff user (not a superuser) who owns both organisations."""
     staff = UserFactory(username="olga", is_staff=True)
     for organization in (org, other_org):
@@ -31,7 +31,7 @@ def two_org_owner(org, other_org):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def superuser(org):  # type: ignore[no-untyped-def]
+def superuser(org):
     root = UserFactory(username="root", is_staff=True, is_superuser=True)
     Membership.objects.create(user=root, organization=org, role=Role.OWNER)
     return root
@@ -82,7 +82,7 @@ def test_a_key_for_someone_outside_its_organisation_is_refused_also_for_a_superu
 # --- an agent's blocks, tools and archives ----------------------------------------------------------------
 
 
-def agent_form_with(client, agent, prefix: str, field: str, value: str):  # type: ignore[no-untyped-def]
+def agent_form_with(client, agent, prefix: str, field: str, value: str):
     """The agent's change form as rendered, with one inline row (`prefix`) added that names `value`."""
     data = form_data(
         client.get(reverse("admin:agents_agent_change", args=[agent.id])).content.decode(), "agent_form"

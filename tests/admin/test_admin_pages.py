@@ -281,7 +281,7 @@ def test_the_admin_refuses_an_mcp_server_with_a_metadata_header(org, admin_clien
     assert not MCPServer.all_objects.filter(organization=org).exists()
 
 
-def pages_not_shown(client):  # type: ignore[no-untyped-def]
+def pages_not_shown(client):
     """(model, changelist status, change page status) of every registered model whose pages are not 200."""
     statuses = []
     for model in registered_models():

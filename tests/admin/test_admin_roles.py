@@ -15,15 +15,15 @@ from tests.admin.html_form import form_data
 from tests.factories import AgentFactory, BlockFactory, ToolFactory, UserFactory
 
 
-def text(response) -> str:  # type: ignore[no-untyped-def]
+def text(response) -> str:
     return unescape(response.content.decode())
 
 
 @pytest.fixture
-def make_staff(org):  # type: ignore[no-untyped-def]
+def make_staff(org):
     """A staff user (not a superuser) with every Django model permission, so only the role decides."""
 
-    def make(role: Role, *, organizations=None, **kwargs):  # type: ignore[no-untyped-def]
+    def make(role: Role, *, organizations=None, **kwargs):
         staff = UserFactory(is_staff=True, **kwargs)
         for organization in organizations or [org]:
             Membership.objects.create(user=staff, organization=organization, role=role)
@@ -34,7 +34,7 @@ def make_staff(org):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def staff_owner(user):  # type: ignore[no-untyped-def]
+def staff_owner(user):
     """alice, the organisation's owner, as a staff user who is not a superuser."""
     user.is_staff = True
     user.save()
@@ -43,13 +43,13 @@ def staff_owner(user):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def superuser(org):  # type: ignore[no-untyped-def]
+def superuser(org):
     root = UserFactory(username="root", is_staff=True, is_superuser=True)
     Membership.objects.create(user=root, organization=org, role=Role.OWNER)
     return root
 
 
-def add_key(client, org, user, name="minted"):  # type: ignore[no-untyped-def]
+def add_key(client, org, user, name="minted"):
     return client.post(
         reverse("admin:accounts_apikey_add"), {"organization": org.id, "user": user.id, "name": name}
     )

@@ -28,7 +28,7 @@ def llm_server() -> Iterator[ScriptedLLMServer]:
 
 
 @pytest.fixture
-def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type: ignore[no-untyped-def]
+def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:
     """`openai/...` embedding handles served by the scripted server's bag-of-words vectors."""
     settings.OPENAI_BASE_URL = llm_server.url
     settings.OPENAI_API_KEY = "sk-test"
@@ -42,16 +42,16 @@ def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type:
 
 
 @pytest.fixture
-def agent(org, embeddings):  # type: ignore[no-untyped-def]
+def agent(org, embeddings):
     return AgentFactory(organization=org, embedding=HANDLE)
 
 
 @pytest.fixture
-def ctx(org, agent) -> ToolContext:  # type: ignore[no-untyped-def]
+def ctx(org, agent) -> ToolContext:
     return ToolContext(actor=Actor.system(org.id), agent_id=agent.id)
 
 
-def attach(agent, label: str, value: str = "", *, limit: int = 1000, read_only: bool = False) -> Block:  # type: ignore[no-untyped-def]
+def attach(agent, label: str, value: str = "", *, limit: int = 1000, read_only: bool = False) -> Block:
     block = BlockFactory(
         organization=agent.organization, label=label, value=value, limit=limit, read_only=read_only
     )
@@ -59,7 +59,7 @@ def attach(agent, label: str, value: str = "", *, limit: int = 1000, read_only: 
     return block
 
 
-def run(ctx: ToolContext, agent, name: str, **arguments) -> ToolResult:  # type: ignore[no-untyped-def]
+def run(ctx: ToolContext, agent, name: str, **arguments) -> ToolResult:
     return execute_builtin(name, arguments, ctx, agent=agent)
 
 
@@ -187,7 +187,7 @@ def test_a_concurrent_write_is_kept_and_the_edit_reapplied(ctx, agent, monkeypat
     real_append = edits.core_memory_append
     calls: list[str] = []
 
-    def append_while_someone_else_writes(view, content):  # type: ignore[no-untyped-def]
+    def append_while_someone_else_writes(view, content):
         calls.append(view.value)
         if len(calls) == 1:
             memory_services.block_update(

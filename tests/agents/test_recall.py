@@ -28,7 +28,7 @@ def llm_server() -> Iterator[ScriptedLLMServer]:
 
 
 @pytest.fixture
-def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type: ignore[no-untyped-def]
+def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:
     """`openai/...` embedding handles served by the scripted server's bag-of-words vectors."""
     settings.OPENAI_BASE_URL = llm_server.url
     settings.OPENAI_API_KEY = "sk-test"
@@ -42,16 +42,16 @@ def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type:
 
 
 @pytest.fixture
-def agent(org, embeddings):  # type: ignore[no-untyped-def]
+def agent(org, embeddings):
     return AgentFactory(organization=org, embedding=HANDLE)
 
 
 @pytest.fixture
-def text_only_agent(org):  # type: ignore[no-untyped-def]
+def text_only_agent(org):
     return AgentFactory(organization=org, embedding="")
 
 
-def say(agent, text: str, role: str = Message.Role.USER, at: datetime | None = None, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+def say(agent, text: str, role: str = Message.Role.USER, at: datetime | None = None, **kwargs) -> Message:
     message = MessageFactory(organization=agent.organization, agent=agent, role=role, text=text, **kwargs)
     if at is not None:
         Message.all_objects.filter(id=message.id).update(created_at=at)
@@ -59,7 +59,7 @@ def say(agent, text: str, role: str = Message.Role.USER, at: datetime | None = N
     return message
 
 
-def embedded(actor, agent, *messages: Message) -> list[Message]:  # type: ignore[no-untyped-def]
+def embedded(actor, agent, *messages: Message) -> list[Message]:
     embed_messages(actor=actor, messages=messages, embedding_handle=agent.embedding)
     return list(messages)
 

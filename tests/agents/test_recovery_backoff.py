@@ -54,7 +54,7 @@ def _task_messages(run: Run) -> int:
     return int(get_redis().get(task_marker_key(run.id)) or 0)
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, what
@@ -80,7 +80,7 @@ def test_runs_queued_behind_a_stuck_run_cost_a_bounded_number_of_tasks_and_still
     requeued: list[str] = []
     real_enqueue = recovery.enqueue_run
 
-    def counting_enqueue(run_id: str, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def counting_enqueue(run_id: str, *args, **kwargs) -> None:
         requeued.append(run_id)
         real_enqueue(run_id, *args, **kwargs)
 

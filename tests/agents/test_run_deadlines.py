@@ -44,7 +44,7 @@ def tarpit() -> Iterator[TarpitLLMServer]:
 
 
 @pytest.fixture(scope="module")
-def deadline_worker(django_db_setup, tarpit: TarpitLLMServer, tmp_path_factory) -> Iterator[WorkerProcess]:  # type: ignore[no-untyped-def]
+def deadline_worker(django_db_setup, tarpit: TarpitLLMServer, tmp_path_factory) -> Iterator[WorkerProcess]:
     """One worker thread, so a run that held it would block the next one."""
     env = worker_env(
         tarpit.url,
@@ -60,7 +60,7 @@ def deadline_worker(django_db_setup, tarpit: TarpitLLMServer, tmp_path_factory) 
 @pytest.fixture
 def api(
     deadline_worker: WorkerProcess, tarpit: TarpitLLMServer, api_client_for, actor, monkeypatch, fast_streams
-):  # type: ignore[no-untyped-def]
+):
     """The API, its runs enqueued for this module's worker."""
 
     def enqueue(run_id: str, agent_id: str | None = None, conversation_id: str | None = None) -> None:
@@ -78,7 +78,7 @@ def send(api: Any, agent_id: str, text: str, **options: Any) -> Any:
     return api.post(f"/v1/agents/{agent_id}/messages", body, format="json")
 
 
-def test_a_model_that_trickles_its_answer_fails_the_run_at_the_call_deadline(api, make_agent, tarpit):  # type: ignore[no-untyped-def]
+def test_a_model_that_trickles_its_answer_fails_the_run_at_the_call_deadline(api, make_agent, tarpit):
     agent = make_agent(embedding="")
     started = time.monotonic()
 
@@ -98,7 +98,7 @@ def test_a_model_that_trickles_its_answer_fails_the_run_at_the_call_deadline(api
     assert tarpit.wait_for_hangup(request) - started < CALL_DEADLINE + MARGIN
 
 
-def test_a_token_stream_that_trickles_fails_the_run_at_the_call_deadline(api, make_agent, tarpit):  # type: ignore[no-untyped-def]
+def test_a_token_stream_that_trickles_fails_the_run_at_the_call_deadline(api, make_agent, tarpit):
     agent = make_agent(embedding="")
     started = time.monotonic()
 
@@ -113,7 +113,7 @@ def test_a_token_stream_that_trickles_fails_the_run_at_the_call_deadline(api, ma
     assert tarpit.wait_for_hangup(request) - started < CALL_DEADLINE + MARGIN
 
 
-def test_cancel_ends_a_call_in_flight_within_a_second_and_frees_the_worker(api, make_agent, tarpit):  # type: ignore[no-untyped-def]
+def test_cancel_ends_a_call_in_flight_within_a_second_and_frees_the_worker(api, make_agent, tarpit):
     agent = make_agent(embedding="")
     run_id = api.post(
         f"/v1/agents/{agent.id}/messages/async",
@@ -148,7 +148,7 @@ def test_cancel_ends_a_call_in_flight_within_a_second_and_frees_the_worker(api, 
     assert time.monotonic() - started < 5  # the worker's one thread was free
 
 
-def test_the_run_deadline_stops_a_run_whose_steps_keep_going(api, make_agent, tarpit):  # type: ignore[no-untyped-def]
+def test_the_run_deadline_stops_a_run_whose_steps_keep_going(api, make_agent, tarpit):
     agent = make_agent(embedding="")
     tarpit.set_mode("tool")  # every answer calls a tool; the loop reads its error and goes on
     tarpit.answer_delay = 0.2
@@ -171,7 +171,7 @@ def test_the_run_deadline_stops_a_run_whose_steps_keep_going(api, make_agent, ta
     assert (run.status, run.stop_reason) == ("failed", "error")
 
 
-def test_bounds_add_no_statement_to_a_turn_and_a_waiting_call_makes_none(make_agent, send, llm, monkeypatch):  # type: ignore[no-untyped-def]
+def test_bounds_add_no_statement_to_a_turn_and_a_waiting_call_makes_none(make_agent, send, llm, monkeypatch):
     """In-process: the run's deadline and the cancel signal ride on no SQL. A one-step turn keeps its
     bound (README, "Cost"), and while a call waits, its cancellation is asked of Redis by the watchdog."""
     agent = make_agent()

@@ -120,7 +120,7 @@ LETTA_CREATE_FIELDS = {  # letta/schemas/agent.py CreateAgent, tag 0.16.7
 
 
 @pytest.fixture
-def owned(actor) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def owned(actor) -> dict[str, str]:
     """Ids for the fields that name existing objects."""
     tool = tool_upsert(actor=actor, source_code=ADD)
     block = Block.objects.for_actor(actor).create(label="shared", value="v", limit=100)
@@ -137,7 +137,7 @@ def test_every_documented_create_field_is_covered() -> None:
 
 
 @pytest.mark.parametrize("field", sorted(HONOURED_ON_CREATE))
-def test_a_create_field_is_honoured(field: str, actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_a_create_field_is_honoured(field: str, actor, api_client_for) -> None:
     value, check = HONOURED_ON_CREATE[field]
     body = {**BASE, **BODY_FOR.get(field, {}), field: value}
     response = api_client_for(actor).post("/v1/agents/", body, format="json")
@@ -147,7 +147,7 @@ def test_a_create_field_is_honoured(field: str, actor, api_client_for) -> None: 
         assert check(_stored(Agent(id=response.json()["id"])))
 
 
-def test_ids_and_rules_at_creation_are_honoured(actor, api_client_for, owned) -> None:  # type: ignore[no-untyped-def]
+def test_ids_and_rules_at_creation_are_honoured(actor, api_client_for, owned) -> None:
     body = {
         **BASE,
         "tool_ids": [owned["tool"]],
@@ -167,7 +167,7 @@ def test_ids_and_rules_at_creation_are_honoured(actor, api_client_for, owned) ->
 
 def test_identity_ids_on_update_are_the_agents_set_and_unknown_ones_change_nothing(
     actor, api_client_for, owned
-):  # type: ignore[no-untyped-def]
+):
     client = api_client_for(actor)
     agent = client.post("/v1/agents/", {**BASE, "identity_ids": [owned["identity"]]}, format="json").json()
 
@@ -179,7 +179,7 @@ def test_identity_ids_on_update_are_the_agents_set_and_unknown_ones_change_nothi
 
 
 @pytest.mark.parametrize("field", sorted(REFUSED_VALUES))
-def test_a_create_field_this_server_lacks_is_refused_by_name(field: str, actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_a_create_field_this_server_lacks_is_refused_by_name(field: str, actor, api_client_for) -> None:
     response = api_client_for(actor).post(
         "/v1/agents/", {**BASE, field: REFUSED_VALUES[field]}, format="json"
     )
@@ -190,7 +190,7 @@ def test_a_create_field_this_server_lacks_is_refused_by_name(field: str, actor, 
 
 
 @pytest.mark.parametrize("field", sorted(REFUSED_VALUES))
-def test_a_refused_field_sent_empty_is_no_request_for_it(field: str, actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_a_refused_field_sent_empty_is_no_request_for_it(field: str, actor, api_client_for) -> None:
     empty = {list: [], bool: False, dict: {}}.get(type(REFUSED_VALUES[field]))
     response = api_client_for(actor).post("/v1/agents/", {**BASE, field: empty}, format="json")
 
@@ -198,7 +198,7 @@ def test_a_refused_field_sent_empty_is_no_request_for_it(field: str, actor, api_
 
 
 @pytest.mark.parametrize("field", sorted(UPDATE_UNSUPPORTED))
-def test_an_update_field_this_server_lacks_is_refused_by_name(field: str, actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_an_update_field_this_server_lacks_is_refused_by_name(field: str, actor, api_client_for) -> None:
     client = api_client_for(actor)
     agent = client.post("/v1/agents/", BASE, format="json").json()
 
@@ -208,7 +208,7 @@ def test_an_update_field_this_server_lacks_is_refused_by_name(field: str, actor,
     assert response.json()["detail"].startswith(f"{field}: not supported")
 
 
-def test_an_old_clients_llm_config_without_a_handle_gives_a_runnable_model(actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_an_old_clients_llm_config_without_a_handle_gives_a_runnable_model(actor, api_client_for) -> None:
     client = api_client_for(actor)
     agent = client.post("/v1/agents/", {"name": "old"}, format="json").json()
 
@@ -222,7 +222,7 @@ def test_an_old_clients_llm_config_without_a_handle_gives_a_runnable_model(actor
     assert (response.json()["model"], response.json()["context_window_limit"]) == ("openai/gpt-4o-mini", 8000)
 
 
-def test_the_initial_sequence_is_listed_first_and_empty_means_empty(actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_the_initial_sequence_is_listed_first_and_empty_means_empty(actor, api_client_for) -> None:
     client = api_client_for(actor)
     sequence = [{"role": "system", "content": "Session start"}, {"role": "user", "content": "hi"}]
     with_sequence = client.post("/v1/agents/", {**BASE, "initial_message_sequence": sequence}, format="json")
@@ -233,7 +233,7 @@ def test_the_initial_sequence_is_listed_first_and_empty_means_empty(actor, api_c
     assert _stored(Agent(id=without.json()["id"])).message_ids == []
 
 
-def test_a_bad_message_in_the_initial_sequence_is_a_422_naming_it(actor, api_client_for) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_message_in_the_initial_sequence_is_a_422_naming_it(actor, api_client_for) -> None:
     body = {**BASE, "initial_message_sequence": [{"role": "user", "content": "ok"}, {"role": "tool"}]}
 
     response = api_client_for(actor).post("/v1/agents/", body, format="json")
@@ -243,7 +243,7 @@ def test_a_bad_message_in_the_initial_sequence_is_a_422_naming_it(actor, api_cli
     assert not Agent.objects.for_actor(actor).exists()
 
 
-def test_folders_at_creation_are_honoured(actor, api_client_for, llm) -> None:  # type: ignore[no-untyped-def]
+def test_folders_at_creation_are_honoured(actor, api_client_for, llm) -> None:
     from apps.folders.selectors import attached_folders
     from apps.folders.services import folder_create
 

@@ -30,7 +30,7 @@ SANDBOX_VALUE = "s3cr3t-sandbox-value"
 
 
 @pytest.fixture
-def agent(actor: Actor, llm) -> Agent:  # type: ignore[no-untyped-def]
+def agent(actor: Actor, llm) -> Agent:
     """An agent with blocks, base and custom tools, rules and secrets, that has taken one turn with a tool."""
     tool = tool_upsert(actor=actor, source_code=ADD_SOURCE)
     ProviderFactory(organization_id=actor.organization_id, name="byok", api_key="sk-byok-secret-value")

@@ -101,7 +101,7 @@ def files_of(actor: Actor, folder: Folder) -> list[FileMetadata]:
 
 
 @pytest.fixture
-def reader(actor, api_client_for, llm, celery_worker, send):  # type: ignore[no-untyped-def]
+def reader(actor, api_client_for, llm, celery_worker, send):
     """An agent with the folder "handbook" (two files, ingested by the worker) attached; notes.txt open at
     its second line (opened by the agent itself), guide.md closed."""
     client = api_client_for(actor)
@@ -279,7 +279,7 @@ def test_import_into_another_organisation_gives_it_the_same_folder_and_files(
 
 
 @pytest.fixture
-def sdk(live_server, actor, llm, celery_worker) -> Iterator[Letta]:  # type: ignore[no-untyped-def]
+def sdk(live_server, actor, llm, celery_worker) -> Iterator[Letta]:
     """The official SDK against a live server (whose threads must not keep connections past the test)."""
     db_settings = connections.settings["default"]
     saved = db_settings["CONN_MAX_AGE"]

@@ -170,6 +170,6 @@ def test_validation_errors_reach_the_sdk_as_422(live_server, actor, refused_open
     client = sdk_for(live_server, actor)
 
     with pytest.raises(UnprocessableEntityError) as excinfo:
-        client.agents.create(name="x", agent_type="wizard")  # type: ignore[arg-type]
+        client.agents.create(name="x", agent_type="wizard")
 
     assert "agent_type" in excinfo.value.body["detail"]

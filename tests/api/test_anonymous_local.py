@@ -32,7 +32,7 @@ def local_client() -> APIClient:
 
 
 @pytest.fixture
-def local_mode(settings, user):  # type: ignore[no-untyped-def]
+def local_mode(settings, user):
     """The mode on, with the fixture's owner (alice) as the bootstrap admin."""
     settings.ALLOW_ANONYMOUS_LOCAL = True
     settings.ANONYMOUS_LOCAL_USERNAME = user.username
@@ -172,7 +172,7 @@ def test_the_letta_sdk_without_a_key(live_server, settings, user, org, monkeypat
 
 
 @pytest.fixture
-def daphne_in_local_mode(django_db_setup, user, tmp_path) -> Iterator[AdeServer]:  # type: ignore[no-untyped-def]
+def daphne_in_local_mode(django_db_setup, user, tmp_path) -> Iterator[AdeServer]:
     env = worker_env(
         "http://127.0.0.1:9/v1",
         ALLOW_ANONYMOUS_LOCAL="true",

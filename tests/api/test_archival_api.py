@@ -13,7 +13,7 @@ EMBEDDING = "openai/text-embedding-small-384"  # the scripted server answers 384
 
 
 @pytest.fixture
-def agent(actor: Actor, llm) -> Agent:  # type: ignore[no-untyped-def]
+def agent(actor: Actor, llm) -> Agent:
     return agent_create(
         actor=actor,
         name="Archivist",
@@ -24,7 +24,7 @@ def agent(actor: Actor, llm) -> Agent:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def client(actor: Actor, api_client_for) -> APIClient:  # type: ignore[no-untyped-def]
+def client(actor: Actor, api_client_for) -> APIClient:
     return api_client_for(actor)
 
 

@@ -26,7 +26,7 @@ AGENT_MODEL = "openai/gpt-4o-mini"
 
 
 @pytest.fixture
-def client(actor: Actor, api_client_for) -> APIClient:  # type: ignore[no-untyped-def]
+def client(actor: Actor, api_client_for) -> APIClient:
     return api_client_for(actor)
 
 
@@ -397,7 +397,7 @@ def test_an_agents_own_archive_belongs_to_the_agents_creator(actor, client, llm)
 
 
 @pytest.fixture
-def notes(client, llm) -> dict:  # type: ignore[no-untyped-def]
+def notes(client, llm) -> dict:
     """An embedded archive with three dated, tagged passages."""
     archive = create_archive(client, "Notes", embedding=EMBEDDING)
     for content, tags, day in [
@@ -498,7 +498,7 @@ def test_bad_search_parameters_are_422(client, body, field):
 
 
 @pytest.fixture
-def foreign(actor, other_org_actor, api_client_for, llm) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def foreign(actor, other_org_actor, api_client_for, llm) -> dict[str, Any]:
     """Our archive with a passage, our agent, and the other organisation's client and own agent."""
     ours = api_client_for(actor)
     archive = create_archive(ours, "Ours")
@@ -586,7 +586,7 @@ class World:
 
 
 @pytest.fixture
-def world(org, make_user) -> World:  # type: ignore[no-untyped-def]
+def world(org, make_user) -> World:
     actors = {}
     for name, role in (
         ("owner", Role.OWNER),
@@ -751,7 +751,7 @@ def test_the_archive_an_agent_made_itself_is_its_creators(world, api_client_for)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_agent_without_an_embedding_model_remembers_and_finds_by_text(actor, client, llm, celery_worker):  # type: ignore[no-untyped-def]
+def test_an_agent_without_an_embedding_model_remembers_and_finds_by_text(actor, client, llm, celery_worker):
     agent = agent_create(
         actor=actor,
         name="Plain",
@@ -783,7 +783,7 @@ def test_an_agent_without_an_embedding_model_remembers_and_finds_by_text(actor, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_archive_made_before_creators_were_recorded_becomes_its_agents_creators(world, api_client_for):  # type: ignore[no-untyped-def]
+def test_an_archive_made_before_creators_were_recorded_becomes_its_agents_creators(world, api_client_for):
     """Migration memory 0005: an agent's archive is its agent's creator's; a loose one is nobody's."""
     with migrated_from([("memory", "0004_agentblock_same_organization")]) as (old_apps, forward):
         OldArchive = old_apps.get_model("memory", "Archive")

@@ -30,13 +30,13 @@ def _no_persistent_connections_in_server_threads() -> Iterator[None]:
     db_settings["CONN_MAX_AGE"] = saved
 
 
-def sdk_for(live_server, actor: Actor) -> Letta:  # type: ignore[no-untyped-def]
+def sdk_for(live_server, actor: Actor) -> Letta:
     key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="sdk").raw_key
     return Letta(base_url=live_server.url, api_key=key, max_retries=0, timeout=20)
 
 
 @pytest.fixture
-def client(live_server, actor: Actor, llm) -> Letta:  # type: ignore[no-untyped-def]
+def client(live_server, actor: Actor, llm) -> Letta:
     """The SDK as a user would build it; `llm` serves the embeddings."""
     return sdk_for(live_server, actor)
 

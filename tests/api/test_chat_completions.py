@@ -231,7 +231,7 @@ def test_a_run_that_fails_mid_stream_raises_in_the_client(client, actor, llm, ce
 
 
 @pytest.fixture(scope="module")
-def daphne(django_db_setup, scripted_server, tmp_path_factory) -> Iterator[AdeServer]:  # type: ignore[no-untyped-def]
+def daphne(django_db_setup, scripted_server, tmp_path_factory) -> Iterator[AdeServer]:
     """`daphne config.asgi:application`, as `make run` serves, on the test database."""
     server = AdeServer(
         worker_env(scripted_server.url), Path(tmp_path_factory.mktemp("daphne-chat"))

@@ -575,7 +575,7 @@ ROLES = ("owner", "admin", "creator", "member")
 
 
 @pytest.fixture
-def people(org, make_user, db) -> dict[str, Actor]:  # type: ignore[no-untyped-def]
+def people(org, make_user, db) -> dict[str, Actor]:
     actors = {}
     for name, role in (
         ("owner", Role.OWNER),
@@ -661,7 +661,7 @@ def test_a_member_may_change_the_conversation_they_opened_on_someone_elses_agent
         ("model_settings", {"temperature": 0.1}),
     ],
 )
-def test_create_refuses_by_name_what_a_conversation_cannot_have_here(field, value, actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_create_refuses_by_name_what_a_conversation_cannot_have_here(field, value, actor, api_client_for):
     agent = new_agent(actor)
 
     response = api_client_for(actor).post(

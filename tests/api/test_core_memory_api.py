@@ -227,7 +227,7 @@ def test_another_organisation_cannot_attach_my_block_to_its_agent(
 @pytest.mark.django_db(transaction=True)
 def test_an_edit_through_one_agent_is_what_every_agent_sharing_the_block_sees_next(
     actor, api_client_for, llm, celery_worker
-):  # type: ignore[no-untyped-def]
+):
     shared = BlockFactory(organization_id=actor.organization_id, label="team", value="Sprint 1", limit=200)
     first, second = (
         agent_create(actor=actor, name=name, model="openai/gpt-4o-mini", block_ids=[shared.id])

@@ -27,7 +27,7 @@ def boom(*args: Any, **kwargs: Any) -> Any:
 
 
 @pytest.fixture
-def client(actor, api_client_for) -> APIClient:  # type: ignore[no-untyped-def]
+def client(actor, api_client_for) -> APIClient:
     client = api_client_for(actor)
     client.raise_request_exception = False  # answer as in production: the response, not the exception
     return client

@@ -19,7 +19,7 @@ EMBEDDING = "openai/text-embedding-small-384"
 
 
 @pytest.fixture
-def client(actor, api_client_for, llm):  # type: ignore[no-untyped-def]
+def client(actor, api_client_for, llm):
     return api_client_for(actor)
 
 
@@ -459,7 +459,7 @@ def test_the_other_organisations_agent_cannot_get_our_folder(client, other_org_a
     assert not Folder.agents.through.objects.exists()
 
 
-def test_without_a_key_it_is_401(db):  # type: ignore[no-untyped-def]
+def test_without_a_key_it_is_401(db):
     from rest_framework.test import APIClient
 
     assert APIClient().get("/v1/folders/").status_code == 401

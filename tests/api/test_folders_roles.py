@@ -32,7 +32,7 @@ class World:
 
 
 @pytest.fixture
-def world(org, make_user, llm, django_capture_on_commit_callbacks) -> World:  # type: ignore[no-untyped-def]
+def world(org, make_user, llm, django_capture_on_commit_callbacks) -> World:
     actors = {}
     for name, role in (
         ("owner", Role.OWNER),

@@ -33,12 +33,12 @@ def _no_persistent_connections_in_server_threads() -> Iterator[None]:
 
 
 @pytest.fixture
-def client(live_server, actor: Actor, llm, celery_worker) -> Letta:  # type: ignore[no-untyped-def]
+def client(live_server, actor: Actor, llm, celery_worker) -> Letta:
     key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="sdk").raw_key
     return Letta(base_url=live_server.url, api_key=key, max_retries=0, timeout=30)
 
 
-def upload(client: Letta, folder_id: str, filename: str, data: bytes, **kwargs: object):  # type: ignore[no-untyped-def]
+def upload(client: Letta, folder_id: str, filename: str, data: bytes, **kwargs: object):
     file = client.folders.files.upload(folder_id, file=(filename, io.BytesIO(data)), **kwargs)
     wait_for_status(file.id)
     return file

@@ -24,7 +24,7 @@ AGENT_MODEL = "openai/gpt-4o-mini"
 
 
 @pytest.fixture
-def client(actor: Actor, api_client_for) -> APIClient:  # type: ignore[no-untyped-def]
+def client(actor: Actor, api_client_for) -> APIClient:
     return api_client_for(actor)
 
 
@@ -368,7 +368,7 @@ def test_attach_and_detach_to_a_block_answer_the_block(actor, client):
 
 
 @pytest.fixture
-def foreign(actor, other_org_actor, api_client_for) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def foreign(actor, other_org_actor, api_client_for) -> dict[str, Any]:
     """Our identity, agent and block, and the other organisation's client, agent and block."""
     identity = create(api_client_for(actor), "user-1")
     return {
@@ -477,7 +477,7 @@ class World:
 
 
 @pytest.fixture
-def world(org, make_user) -> World:  # type: ignore[no-untyped-def]
+def world(org, make_user) -> World:
     actors = {}
     for name, role in (
         ("owner", Role.OWNER),

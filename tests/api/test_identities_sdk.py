@@ -30,16 +30,16 @@ def _no_persistent_connections_in_server_threads() -> Iterator[None]:
     db_settings["CONN_MAX_AGE"] = saved
 
 
-def sdk_for(live_server, actor) -> Letta:  # type: ignore[no-untyped-def]
+def sdk_for(live_server, actor) -> Letta:
     raw_key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="sdk").raw_key
     return Letta(base_url=live_server.url, api_key=raw_key, max_retries=0, timeout=20)
 
 
-def new_agent(actor, name="Concierge"):  # type: ignore[no-untyped-def]
+def new_agent(actor, name="Concierge"):
     return agent_create(actor=actor, name=name, model="openai/gpt-4o-mini", include_base_tools=False)
 
 
-def new_identity(actor, key="user-1"):  # type: ignore[no-untyped-def]
+def new_identity(actor, key="user-1"):
     return services.identity_create(actor=actor, identifier_key=key, name="Sam", identity_type="user")
 
 

@@ -10,12 +10,12 @@ from apps.memory.services import block_create
 from tests.api.test_messages_api import new_agent
 
 
-def names(response) -> list[str]:  # type: ignore[no-untyped-def]
+def names(response) -> list[str]:
     assert response.status_code == 200, response.content
     return [item.get("name") or item.get("label") for item in response.json()]
 
 
-def test_agents_order_by_each_documented_key(actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_agents_order_by_each_documented_key(actor, api_client_for):
     first, second, third = (new_agent(actor, name=n, memory_blocks=[]) for n in ("first", "second", "third"))
     Agent.objects.for_actor(actor).filter(id=first.id).update(
         last_run_completion=datetime(2026, 3, 1, tzinfo=UTC), updated_at=datetime(2026, 1, 1, tzinfo=UTC)
@@ -39,7 +39,7 @@ def test_agents_order_by_each_documented_key(actor, api_client_for):  # type: ig
     assert (page, names(next_page)) == (["first"], ["third"])
 
 
-def test_agents_refuse_cloud_filters_and_unknown_orders(actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_agents_refuse_cloud_filters_and_unknown_orders(actor, api_client_for):
     client = api_client_for(actor)
 
     project = client.get("/v1/agents/", {"project_id": "proj-1"})
@@ -49,7 +49,7 @@ def test_agents_refuse_cloud_filters_and_unknown_orders(actor, api_client_for): 
     assert project.json()["detail"].startswith("project_id: not supported")
 
 
-def test_blocks_filter_by_search_terms_counts_and_hidden(actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_blocks_filter_by_search_terms_counts_and_hidden(actor, api_client_for):
     notes = block_create(actor=actor, label="notes", value="Likes green tea", limit=100, description="Taste")
     block_create(actor=actor, label="persona", value="Helpful", limit=100)
     block_create(actor=actor, label="secret", value="tea", limit=100, hidden=True)
@@ -74,7 +74,7 @@ def test_blocks_filter_by_search_terms_counts_and_hidden(actor, api_client_for):
     assert client.get("/v1/blocks/", {"project_id": "p"}).status_code == 422
 
 
-def test_hidden_agents_are_listed_and_counted_only_with_show_hidden_agents(actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_hidden_agents_are_listed_and_counted_only_with_show_hidden_agents(actor, api_client_for):
     client = api_client_for(actor)
     client.post("/v1/agents/", {"name": "visible"}, format="json")
     client.post("/v1/agents/", {"name": "subagent", "hidden": True}, format="json")

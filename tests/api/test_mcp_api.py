@@ -29,14 +29,14 @@ REGISTRABLE = ["add", "auth_seen", "env_value", "fail", "jail_probe", "nap"]
 
 
 @pytest.fixture(autouse=True)
-def _stdio_allowed(settings):  # type: ignore[no-untyped-def]
+def _stdio_allowed(settings):
     """The operator allows the test server's interpreter and binds what it needs into the jail."""
     settings.MCP_STDIO_COMMANDS = [PYTHON]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
 
 
 @pytest.fixture(autouse=True)
-def _outbound(settings, monkeypatch):  # type: ignore[no-untyped-def]
+def _outbound(settings, monkeypatch):
     """The test servers listen on 127.0.0.1, which the operator opens (OUTBOUND_ALLOW); the example.com
     servers are only stored (named in the allow-list, so never looked up; a connection would go to
     loopback); nothing may leave loopback."""
@@ -571,7 +571,7 @@ def test_streamable_http_server_end_to_end_sends_the_token(actor, api_client_for
 
 
 @pytest.fixture
-def member(org, make_user) -> Actor:  # type: ignore[no-untyped-def]
+def member(org, make_user) -> Actor:
     return Actor(organization_id=org.id, user_id=make_user(org).id, role=Role.MEMBER)
 
 

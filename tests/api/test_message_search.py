@@ -13,7 +13,7 @@ from tests.api.test_agents_sdk import _no_persistent_connections_in_server_threa
 from tests.factories import AgentFactory, MessageFactory
 
 
-def say(agent, text: str, role: str = Message.Role.USER) -> Message:  # type: ignore[no-untyped-def]
+def say(agent, text: str, role: str = Message.Role.USER) -> Message:
     return MessageFactory(
         organization=agent.organization,
         agent=agent,
@@ -28,11 +28,11 @@ def search(client: Any, **body: Any) -> Any:
 
 
 @pytest.fixture
-def agents(org, embeddings):  # type: ignore[no-untyped-def]  # noqa: F811
+def agents(org, embeddings):  # noqa: F811
     return AgentFactory(organization=org, embedding=HANDLE), AgentFactory(organization=org, embedding="")
 
 
-def test_keywords_find_messages_of_every_agent_of_the_organisation(actor, agents, api_client_for):  # type: ignore[no-untyped-def]
+def test_keywords_find_messages_of_every_agent_of_the_organisation(actor, agents, api_client_for):
     semantic, text_only = agents
     say(semantic, "We hiked the Alps in June")
     say(text_only, "Hiking boots need breaking in", Message.Role.ASSISTANT)
@@ -46,7 +46,7 @@ def test_keywords_find_messages_of_every_agent_of_the_organisation(actor, agents
     assert all(item["message_id"].startswith("message-") and item["created_at"] for item in response.json())
 
 
-def test_vector_search_finds_by_meaning_with_the_agents_embedding_model(actor, agents, api_client_for):  # type: ignore[no-untyped-def]
+def test_vector_search_finds_by_meaning_with_the_agents_embedding_model(actor, agents, api_client_for):
     semantic, _ = agents
     hit, miss = say(semantic, "mountain trail hiking"), say(semantic, "quarterly tax forms")
     embedded(actor, semantic, hit, miss)
@@ -56,7 +56,7 @@ def test_vector_search_finds_by_meaning_with_the_agents_embedding_model(actor, a
     assert [item["message_id"] for item in response.json()] == [hit.id]
 
 
-def test_filters_by_agent_and_refuses_bad_input(actor, agents, api_client_for, other_org_actor):  # type: ignore[no-untyped-def]
+def test_filters_by_agent_and_refuses_bad_input(actor, agents, api_client_for, other_org_actor):
     semantic, text_only = agents
     say(semantic, "hiking in June")
     say(text_only, "hiking in July")
@@ -74,7 +74,7 @@ def test_filters_by_agent_and_refuses_bad_input(actor, agents, api_client_for, o
     assert elsewhere.status_code == 404
 
 
-def test_another_organisation_finds_nothing(actor, agents, api_client_for, other_org_actor):  # type: ignore[no-untyped-def]
+def test_another_organisation_finds_nothing(actor, agents, api_client_for, other_org_actor):
     say(agents[0], "hiking secrets")
 
     response = search(api_client_for(other_org_actor), query="hiking", search_mode="fts")
@@ -83,7 +83,7 @@ def test_another_organisation_finds_nothing(actor, agents, api_client_for, other
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_sdk_searches(live_server, actor, agents):  # type: ignore[no-untyped-def]
+def test_the_sdk_searches(live_server, actor, agents):
     say(agents[1], "hiking in the rain")
 
     results = sdk_for(live_server, actor).messages.search(query="hiking", search_mode="fts")

@@ -39,7 +39,7 @@ def client(actor: Actor, api_client_for: Callable[[Actor], APIClient]) -> APICli
 
 
 @pytest.fixture
-def people(org, make_user) -> dict[str, Actor]:  # type: ignore[no-untyped-def]
+def people(org, make_user) -> dict[str, Actor]:
     actors = {}
     for role in (Role.OWNER, Role.ADMIN, Role.MEMBER):
         user = make_user(org, role=role, username=f"{role}-person")
@@ -59,7 +59,7 @@ def models_reply(status: int = 200, body: Any = None, delay: float = 0.0) -> Cal
 
 
 @pytest.fixture
-def model_server(settings) -> Iterator[RecordingHTTPServer]:  # type: ignore[no-untyped-def]
+def model_server(settings) -> Iterator[RecordingHTTPServer]:
     """An OpenAI-style model server on loopback that the outbound guard lets through."""
     with RecordingHTTPServer(reply=models_reply()) as server:
         settings.OUTBOUND_ALLOW = [f"127.0.0.1:{server.port}"]

@@ -246,7 +246,7 @@ FILE_LIMIT = 256 * 1024
 
 
 @pytest.fixture(scope="module")
-def daphne(django_db_setup, tmp_path_factory) -> Iterator[AdeServer]:  # type: ignore[no-untyped-def]
+def daphne(django_db_setup, tmp_path_factory) -> Iterator[AdeServer]:
     """`daphne config.asgi:application` on the test database, with small limits (so tests send little)."""
     env = worker_env(
         "http://127.0.0.1:9/v1",

@@ -54,7 +54,7 @@ class World:
 
 
 @pytest.fixture
-def world(org, make_user, db) -> World:  # type: ignore[no-untyped-def]
+def world(org, make_user, db) -> World:
     actors = {}
     for name, role in (
         ("owner", Role.OWNER),
@@ -387,7 +387,7 @@ def test_the_baseline_the_issue_asked_for() -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("role", ROLES)
-def test_only_the_creator_or_an_admin_answers_an_approval(role, world, api_client_for, llm, celery_worker):  # type: ignore[no-untyped-def]
+def test_only_the_creator_or_an_admin_answers_an_approval(role, world, api_client_for, llm, celery_worker):
     rules = [{"type": "requires_approval", "tool_name": "memory_insert"}]
     agent = new_agent(world.creator, name="Careful", tool_rules=rules)
     llm.push(tool_calls(insert_call()), text("Understood."))
@@ -452,7 +452,7 @@ def _hostile_file(server: MCPServer) -> dict[str, Any]:
 
 def test_a_members_import_overwrites_nothing_binds_no_mcp_tool_and_brings_no_pending_approval(
     world, api_client_for
-):  # type: ignore[no-untyped-def]
+):
     _owner_agent_uses_the_tool(world)
     _with_mcp_server(world)
 
@@ -472,7 +472,7 @@ def test_a_members_import_overwrites_nothing_binds_no_mcp_tool_and_brings_no_pen
     assert last.role != Message.Role.APPROVAL
 
 
-def test_an_admins_import_is_taken_as_written(world, api_client_for):  # type: ignore[no-untyped-def]
+def test_an_admins_import_is_taken_as_written(world, api_client_for):
     _with_mcp_server(world)
 
     response = import_file(

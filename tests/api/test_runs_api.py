@@ -498,7 +498,7 @@ def test_a_list_walked_with_after_ends_on_an_empty_page(client, actor, template)
 
 
 @pytest.fixture
-def failing_provider(llm, settings):  # type: ignore[no-untyped-def]
+def failing_provider(llm, settings):
     """The deployment's OpenAI provider (OPENAI_BASE_URL) on loopback, answering every call HTTP 500
     with a body that is not JSON (an internal proxy's page) and carries a marker."""
     import threading

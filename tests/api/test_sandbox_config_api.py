@@ -32,7 +32,7 @@ def client(actor: Actor, api_client_for: Any) -> APIClient:
 
 
 @pytest.fixture
-def people(org, make_user) -> dict[str, Actor]:  # type: ignore[no-untyped-def]
+def people(org, make_user) -> dict[str, Actor]:
     actors = {}
     for role in (Role.OWNER, Role.ADMIN, Role.MEMBER):
         user = make_user(org, role=role, username=f"{role}-person")

@@ -93,7 +93,7 @@ def server_errors() -> Iterator[_ServerErrors]:
 
 
 @pytest.fixture
-def fuzz_context(actor: Actor, llm) -> dict:  # type: ignore[no-untyped-def]
+def fuzz_context(actor: Actor, llm) -> dict:
     """A key and real objects for the path parameters."""
     user = User.objects.get(id=actor.user_id)
     key = api_key_create(actor=actor, user=user, name="fuzz").raw_key
@@ -122,7 +122,7 @@ def fuzz_context(actor: Actor, llm) -> dict:  # type: ignore[no-untyped-def]
     }
 
 
-def _check(case, fuzz_context: dict, server_errors: _ServerErrors, counter: count) -> None:  # type: ignore[no-untyped-def]
+def _check(case, fuzz_context: dict, server_errors: _ServerErrors, counter: count) -> None:
     if case.path_parameters and next(counter) % 2 == 0:
         for name in case.path_parameters:
             if name in fuzz_context["path"]:
@@ -143,7 +143,7 @@ _counter = count()
 @pytest.mark.django_db
 @schema.exclude(name=SKIPPED).parametrize()
 @_fuzz_settings
-def test_no_server_error(case, fuzz_context, server_errors):  # type: ignore[no-untyped-def]
+def test_no_server_error(case, fuzz_context, server_errors):
     _check(case, fuzz_context, server_errors, _counter)
 
 
@@ -212,7 +212,7 @@ KNOWN_5XX = [
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("method", "path", "body"), KNOWN_5XX)
-def test_found_input_is_not_a_server_error(method, path, body, fuzz_context, server_errors):  # type: ignore[no-untyped-def]
+def test_found_input_is_not_a_server_error(method, path, body, fuzz_context, server_errors):
     client = APIClient(raise_request_exception=False)
     client.credentials(HTTP_AUTHORIZATION=fuzz_context["headers"]["Authorization"])
     url = path.format(**fuzz_context["path"])

@@ -78,7 +78,7 @@ LETTA_TOOL_SET = {
 """letta/constants.py LETTA_TOOL_SET at 0.16.7."""
 
 
-def new_agent(actor, **kwargs):  # type: ignore[no-untyped-def]
+def new_agent(actor, **kwargs):
     kwargs.setdefault("name", "Assistant")
     kwargs.setdefault("model", "openai/gpt-4o-mini")
     kwargs.setdefault("memory_blocks", [BlockSpec(label="human", value="Name: Sam", limit=200)])
@@ -268,7 +268,7 @@ def test_a_blocks_agents_are_listed(actor, other_org_actor, api_client_for):
 # --- running an agent's tool ----------------------------------------------------------------------------
 
 
-def run_url(agent, tool_name: str) -> str:  # type: ignore[no-untyped-def]
+def run_url(agent, tool_name: str) -> str:
     return f"/v1/agents/{agent.id}/tools/{tool_name}/run"
 
 

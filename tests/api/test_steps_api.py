@@ -237,7 +237,7 @@ def test_steps_stored_before_the_rule_are_shown_without_the_deployments_host(
     assert endpoints == [None, "https://api.openai.com/v1", "https://llm.example.org/v1"]
 
 
-def test_listing_by_trace_ids_is_refused_by_name_not_answered_empty(actor, api_client_for):  # type: ignore[no-untyped-def]
+def test_listing_by_trace_ids_is_refused_by_name_not_answered_empty(actor, api_client_for):
     response = api_client_for(actor).get("/v1/steps/", {"trace_ids": ["trace-1"]})
 
     assert response.status_code == 422

@@ -56,7 +56,7 @@ def close(response: Any) -> None:
 
 
 @pytest.fixture
-def three_failures(settings):  # type: ignore[no-untyped-def]
+def three_failures(settings):
     settings.API_KEY_FAILURE_LIMIT = 3
     settings.API_KEY_FAILURE_WINDOW = 60
 
@@ -164,7 +164,7 @@ def test_unauthenticated_endpoints_are_not_throttled_per_key(settings):
 
 
 @pytest.fixture
-def two_streams(settings):  # type: ignore[no-untyped-def]
+def two_streams(settings):
     settings.MAX_STREAMS_PER_USER = 2
 
 
@@ -348,7 +348,7 @@ class TrackedRedis:
 
 
 @pytest.fixture
-def tracked_redis(monkeypatch):  # type: ignore[no-untyped-def]
+def tracked_redis(monkeypatch):
     from apps.ade import consumers
 
     TrackedRedis.made = []

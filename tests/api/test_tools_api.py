@@ -614,7 +614,7 @@ def test_requests_without_a_key_are_401(method, path):
 # --- who may change a tool ---------------------------------------------------------------------------
 
 
-def _member(org, make_user) -> Actor:  # type: ignore[no-untyped-def]
+def _member(org, make_user) -> Actor:
     user = make_user(org, role=Role.MEMBER)
     return Actor(organization_id=org.id, user_id=user.id, role=Role.MEMBER)
 

@@ -91,7 +91,7 @@ class PlanArgs(BaseModel):
     steps: list[StepArgs] = Field(..., description="The steps, in order.")
 
 
-def tool_returns(result):  # type: ignore[no-untyped-def]
+def tool_returns(result):
     return [m.tool_returns[0] for m in result.messages if m.role == "tool"]
 
 

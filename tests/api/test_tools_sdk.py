@@ -28,14 +28,14 @@ def get_weather(city: str, unit: str = "celsius") -> str:
 
 
 @pytest.fixture
-def client(live_server, actor: Actor, llm) -> Letta:  # type: ignore[no-untyped-def]
+def client(live_server, actor: Actor, llm) -> Letta:
     """The SDK as a user would build it; `llm` points embeddings at the scripted server."""
     key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="sdk").raw_key
     return Letta(base_url=live_server.url, api_key=key, max_retries=0)
 
 
 @pytest.fixture
-def agent(actor: Actor, llm) -> Agent:  # type: ignore[no-untyped-def]
+def agent(actor: Actor, llm) -> Agent:
     return agent_create(
         actor=actor,
         name="SDK agent",

@@ -48,7 +48,7 @@ def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_allow_list(settings) -> None:  # type: ignore[no-untyped-def]
+def _no_allow_list(settings) -> None:
     settings.OUTBOUND_ALLOW = []
 
 
@@ -220,7 +220,7 @@ def test_check_url_refuses_with_the_reason(monkeypatch: pytest.MonkeyPatch, url:
     assert "OUTBOUND_ALLOW" in refused.value.message
 
 
-def test_check_url_accepts_public_allowed_and_unresolvable_hosts(monkeypatch, settings) -> None:  # type: ignore[no-untyped-def]
+def test_check_url_accepts_public_allowed_and_unresolvable_hosts(monkeypatch, settings) -> None:
     monkeypatch.setattr(outbound, "resolve", FakeResolver({"api.example": [PUBLIC], "gpu-box": ["10.0.0.7"]}))
     settings.OUTBOUND_ALLOW = ["127.0.0.1:11434", "gpu-box"]
 
@@ -233,7 +233,7 @@ def test_check_url_accepts_public_allowed_and_unresolvable_hosts(monkeypatch, se
         outbound.check_url(url)
 
 
-def test_a_bad_allow_list_setting_is_an_operator_error_not_an_open_door(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_allow_list_setting_is_an_operator_error_not_an_open_door(settings) -> None:
     settings.OUTBOUND_ALLOW = ["127.0.0.1:11434", "10.0.0.0/40"]
 
     with pytest.raises(ImproperlyConfigured, match=r"'10\.0\.0\.0/40'"):
@@ -257,7 +257,7 @@ def test_a_guarded_client_refuses_loopback_before_connecting(bind: str, host: st
     assert platform.connections == []
 
 
-def test_the_allow_list_opens_exactly_its_address_and_port(settings) -> None:  # type: ignore[no-untyped-def]
+def test_the_allow_list_opens_exactly_its_address_and_port(settings) -> None:
     with RecordingHTTPServer() as allowed, ConnectionRecorder() as other, guarded_client() as client:
         settings.OUTBOUND_ALLOW = [f"127.0.0.1:{allowed.port}"]
 
@@ -323,7 +323,7 @@ def test_an_unresolvable_name_is_a_connection_error_not_a_lookup_elsewhere() -> 
     assert recorder.connects == []
 
 
-def test_a_redirect_is_not_followed_and_a_followed_one_would_be_checked_again(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_redirect_is_not_followed_and_a_followed_one_would_be_checked_again(settings) -> None:
     with ConnectionRecorder("127.0.0.1") as platform:
         location = f"http://127.0.0.1:{platform.port}/internal"
 
@@ -340,7 +340,7 @@ def test_a_redirect_is_not_followed_and_a_followed_one_would_be_checked_again(se
     assert platform.connections == []
 
 
-def test_a_guarded_client_keeps_no_cookies(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_guarded_client_keeps_no_cookies(settings) -> None:
     def set_cookie(*args: Any) -> tuple[int, dict[str, str], bytes]:
         return 200, {"Set-Cookie": "session=org-a-secret; Path=/"}, b"{}"
 
@@ -353,7 +353,7 @@ def test_a_guarded_client_keeps_no_cookies(settings) -> None:  # type: ignore[no
     assert server.cookies_seen() == []
 
 
-def test_the_async_client_of_mcp_is_guarded_too(settings) -> None:  # type: ignore[no-untyped-def]
+def test_the_async_client_of_mcp_is_guarded_too(settings) -> None:
     async def get(url: str) -> int:
         async with guarded_async_client() as client:
             return (await client.get(url)).status_code

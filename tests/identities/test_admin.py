@@ -20,10 +20,10 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def make_staff(org):  # type: ignore[no-untyped-def]
+def make_staff(org):
     """A staff user (not a superuser) with every Django model permission, so only the role decides."""
 
-    def make(role: Role):  # type: ignore[no-untyped-def]
+    def make(role: Role):
         staff = UserFactory(is_staff=True)
         Membership.objects.create(user=staff, organization=org, role=role)
         staff.user_permissions.set(Permission.objects.all())
@@ -32,7 +32,7 @@ def make_staff(org):  # type: ignore[no-untyped-def]
     return make
 
 
-def add_form(org, **fields):  # type: ignore[no-untyped-def]
+def add_form(org, **fields):
     return {
         "organization": org.id,
         "identifier_key": "user-1",

@@ -16,7 +16,7 @@ from tests.factories import AgentFactory, BlockFactory
 pytestmark = pytest.mark.django_db
 
 
-def new_identity(actor, key="user-1", **kwargs):  # type: ignore[no-untyped-def]
+def new_identity(actor, key="user-1", **kwargs):
     kwargs.setdefault("name", "Sam")
     kwargs.setdefault("identity_type", "user")
     return services.identity_create(actor=actor, identifier_key=key, **kwargs)

@@ -58,7 +58,7 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fast_retries(settings) -> None:  # type: ignore[no-untyped-def]
+def _fast_retries(settings) -> None:
     """Three attempts with millisecond backoff, so retry tests take no noticeable time."""
     settings.LLM_MAX_ATTEMPTS = 3
     settings.LLM_RETRY_BASE_DELAY = 0.001
@@ -67,7 +67,7 @@ def _fast_retries(settings) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def allow_loopback(settings) -> None:  # type: ignore[no-untyped-def]
+def allow_loopback(settings) -> None:
     """The operator opens 127.0.0.1 to organisations' providers (OUTBOUND_ALLOW), as for a model server
     on the same host: tests whose organisation provider is a loopback test server need it."""
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
@@ -88,7 +88,7 @@ def llm(server: ScriptedLLMServer) -> Iterator[ScriptedLLM]:
 
 
 @pytest.fixture
-def env_openai(settings, server: ScriptedLLMServer) -> None:  # type: ignore[no-untyped-def]
+def env_openai(settings, server: ScriptedLLMServer) -> None:
     """The deployment's OPENAI_* settings point `openai/<any model>` at the scripted server."""
     settings.OPENAI_API_KEY = "sk-env"
     settings.OPENAI_BASE_URL = server.url

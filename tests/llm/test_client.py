@@ -60,7 +60,7 @@ TOOLS = [
 
 
 @pytest.fixture(autouse=True, params=["direct", "litellm"])
-def llm_client(request: pytest.FixtureRequest, settings) -> str:  # type: ignore[no-untyped-def]
+def llm_client(request: pytest.FixtureRequest, settings) -> str:
     settings.LLM_CLIENT = request.param
     return str(request.param)
 
@@ -194,7 +194,7 @@ def test_request_settings_reach_the_server(target: ModelTarget, llm: ScriptedLLM
 
 
 def test_reasoning_models_get_the_parameters_they_accept(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     llm: ScriptedLLM,
 ) -> None:
@@ -356,7 +356,7 @@ def test_stream_failure_before_the_first_delta_is_retried(target: ModelTarget, l
 
 def test_stream_failure_after_a_delta_is_not_retried(
     settings, org: Organization, dropping_server: tuple[str, list[str]]
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     url, hits = dropping_server
     settings.OPENAI_BASE_URL = url
     target = resolve_model("openai/scripted-chat", organization_id=org.id)
@@ -403,7 +403,7 @@ def test_429_then_success_is_retried(target: ModelTarget, llm: ScriptedLLM) -> N
     assert len(llm.chat_requests()) == 2
 
 
-def test_retry_after_header_replaces_the_backoff(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+def test_retry_after_header_replaces_the_backoff(settings, target: ModelTarget, llm: ScriptedLLM) -> None:
     settings.LLM_RETRY_BASE_DELAY = 30.0
     settings.LLM_RETRY_MAX_DELAY = 60.0
     llm.push(error(429, "slow down", headers={"retry-after-ms": "20"}), text("recovered"))
@@ -432,7 +432,7 @@ def test_persistent_500_raises_llm_api_error_after_max_attempts(
     assert len(llm.chat_requests()) == 3
 
 
-def test_max_attempts_setting_counts_every_request(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+def test_max_attempts_setting_counts_every_request(settings, target: ModelTarget, llm: ScriptedLLM) -> None:
     settings.LLM_MAX_ATTEMPTS = 5
     llm.push(error(502, "bad gateway", persist=True))
 
@@ -474,7 +474,7 @@ def test_context_length_exceeded_raises_context_window_exceeded(
 
 
 def test_context_overflow_in_words_only_raises_context_window_exceeded(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -492,7 +492,7 @@ def test_context_overflow_in_words_only_raises_context_window_exceeded(
 
 
 def test_error_event_inside_a_stream_raises_llm_api_error(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -508,7 +508,7 @@ def test_error_event_inside_a_stream_raises_llm_api_error(
     assert hits
 
 
-def test_timeout_is_retried(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+def test_timeout_is_retried(settings, target: ModelTarget, llm: ScriptedLLM) -> None:
     settings.LLM_REQUEST_TIMEOUT = 0.3
     llm.push(text("too slow", latency=1.0), text("in time"))
 
@@ -518,7 +518,7 @@ def test_timeout_is_retried(settings, target: ModelTarget, llm: ScriptedLLM) -> 
     assert len(llm.chat_requests()) == 2
 
 
-def test_connection_refused_raises_after_max_attempts(settings, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_connection_refused_raises_after_max_attempts(settings, org: Organization) -> None:
     settings.OPENAI_BASE_URL = f"http://127.0.0.1:{_closed_port()}/v1"
     target = resolve_model("openai/scripted-chat", organization_id=org.id)
 
@@ -529,7 +529,7 @@ def test_connection_refused_raises_after_max_attempts(settings, org: Organizatio
 
 
 def test_unreadable_response_raises_invalid_llm_response_without_retry(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -544,7 +544,7 @@ def test_unreadable_response_raises_invalid_llm_response_without_retry(
 
 
 def test_response_without_choices_raises_invalid_llm_response(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -561,7 +561,7 @@ def test_response_without_choices_raises_invalid_llm_response(
 
 
 def test_missing_usage_is_estimated(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -587,7 +587,7 @@ def test_missing_usage_is_estimated(
 
 
 def test_org_provider_credentials_reach_their_server_not_the_environments(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     allow_loopback: None,
     org: Organization,
     llm: ScriptedLLM,
@@ -607,7 +607,7 @@ def test_org_provider_credentials_reach_their_server_not_the_environments(
 
 
 def test_keyless_server_never_gets_the_process_openai_key(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     monkeypatch: pytest.MonkeyPatch,
     org: Organization,
     llm: ScriptedLLM,
@@ -624,7 +624,7 @@ def test_keyless_server_never_gets_the_process_openai_key(
 
 
 def test_keyless_org_provider_never_gets_the_environment_key(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     allow_loopback: None,
     monkeypatch: pytest.MonkeyPatch,
     org: Organization,
@@ -648,7 +648,7 @@ def test_keyless_org_provider_never_gets_the_environment_key(
 
 
 def test_org_compatible_provider_is_called_at_its_base_url(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     allow_loopback: None,
     org: Organization,
     fresh_server: ScriptedLLMServer,
@@ -671,7 +671,7 @@ def test_org_compatible_provider_is_called_at_its_base_url(
 
 
 def test_consecutive_calls_reuse_one_connection(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     monkeypatch: pytest.MonkeyPatch,
     org: Organization,
     fresh_server: ScriptedLLMServer,
@@ -749,7 +749,7 @@ def tarpit_server() -> Iterator[TarpitLLMServer]:
 @pytest.fixture
 def tarpit(
     settings, tarpit_server: TarpitLLMServer, org: Organization
-) -> tuple[TarpitLLMServer, ModelTarget]:  # type: ignore[no-untyped-def]
+) -> tuple[TarpitLLMServer, ModelTarget]:
     """The tarpit as the deployment's OpenAI-compatible server; a call may last DEADLINE seconds, and each
     read 0.5 s, which every trickled byte (one per 0.2 s) beats."""
     load_litellm()  # imported before the clock starts (a first import takes seconds)
@@ -806,7 +806,7 @@ def test_a_blocking_body_that_trickles_ends_at_the_call_deadline_and_hangs_up(
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_server_that_never_answers_fails_at_the_deadline_not_at_the_read_timeout(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     tarpit: tuple[TarpitLLMServer, ModelTarget],
     streamed: bool,
 ) -> None:
@@ -823,7 +823,7 @@ def test_a_server_that_never_answers_fails_at_the_deadline_not_at_the_read_timeo
     assert server.wait_for_hangup(request) - started < DEADLINE + MARGIN
 
 
-def test_a_retry_never_waits_past_the_deadline(settings, target: ModelTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+def test_a_retry_never_waits_past_the_deadline(settings, target: ModelTarget, llm: ScriptedLLM) -> None:
     settings.LLM_CALL_DEADLINE = 2.0
     settings.LLM_RETRY_MAX_DELAY = 60.0
     llm.push(error(503, "overloaded", headers={"retry-after": "30"}), text("too late"))
@@ -841,7 +841,7 @@ def test_a_retry_never_waits_past_the_deadline(settings, target: ModelTarget, ll
 @pytest.mark.parametrize("mode", ["trickle", "silent"])
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_cancelled_call_ends_within_a_second_and_hangs_up(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     tarpit: tuple[TarpitLLMServer, ModelTarget],
     mode: str,
     streamed: bool,
@@ -863,7 +863,7 @@ def test_a_cancelled_call_ends_within_a_second_and_hangs_up(
     assert server.wait_for_hangup(request) - started < 0.5 + 1.0
 
 
-def test_a_call_is_bounded_by_the_earlier_of_its_own_deadline_and_the_callers(settings) -> None:  # type: ignore[no-untyped-def]
+def test_a_call_is_bounded_by_the_earlier_of_its_own_deadline_and_the_callers(settings) -> None:
     settings.LLM_CALL_DEADLINE = 300.0
     soon = Deadline.after(5.0, "the run did not finish within 5 s (RUN_DEADLINE)")
     late = Deadline.after(900.0, "the run did not finish within 900 s (RUN_DEADLINE)")

@@ -18,7 +18,7 @@ TEXTS = ["I like hiking", "tea with milk", "the mountains in spring", "a red bic
 
 
 @pytest.fixture(autouse=True, params=["direct", "litellm"])
-def llm_client(request: pytest.FixtureRequest, settings) -> str:  # type: ignore[no-untyped-def]
+def llm_client(request: pytest.FixtureRequest, settings) -> str:
     settings.LLM_CLIENT = request.param
     return str(request.param)
 
@@ -41,7 +41,7 @@ def test_embed_batches_requests_and_keeps_order(small_target: EmbeddingTarget, l
         assert vector == pytest.approx(embed_text(text, 384), abs=1e-6)
 
 
-def test_embed_uses_the_batch_size_setting(settings, small_target: EmbeddingTarget, llm: ScriptedLLM) -> None:  # type: ignore[no-untyped-def]
+def test_embed_uses_the_batch_size_setting(settings, small_target: EmbeddingTarget, llm: ScriptedLLM) -> None:
     settings.LLM_EMBEDDING_BATCH_SIZE = 3
 
     embed(small_target, TEXTS)
@@ -84,7 +84,7 @@ def test_embedding_dimension_of_a_known_model_needs_no_request(
 
 
 def test_an_unreadable_embedding_response_is_an_invalid_llm_response(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
 ) -> None:
@@ -99,7 +99,7 @@ def test_an_unreadable_embedding_response_is_an_invalid_llm_response(
 
 
 def test_a_failing_embedding_provider_is_retried_then_reported(
-    settings,  # type: ignore[no-untyped-def]
+    settings,
     org: Organization,
     canned_server: Callable[..., tuple[str, list[str]]],
     llm_client: str,

@@ -18,14 +18,14 @@ from tests.factories import ProviderFactory
 
 
 @pytest.fixture
-def clean_env(settings) -> None:  # type: ignore[no-untyped-def]
+def clean_env(settings) -> None:
     settings.OPENAI_API_KEY = ""
     settings.OPENAI_BASE_URL = ""
     settings.ANTHROPIC_API_KEY = ""
     settings.OLLAMA_BASE_URL = ""
 
 
-def test_openai_handle_resolves_from_environment(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_openai_handle_resolves_from_environment(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-env"
 
     target = resolve_model("openai/gpt-4o-mini", organization_id=org.id)
@@ -42,7 +42,7 @@ def test_openai_handle_resolves_from_environment(settings, clean_env: None, org:
     )
 
 
-def test_openai_base_url_serves_any_model_name(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_openai_base_url_serves_any_model_name(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_BASE_URL = "http://127.0.0.1:9999/v1/"
 
     target = resolve_model("openai/some-local-model", organization_id=org.id)
@@ -56,7 +56,7 @@ def test_openai_base_url_serves_any_model_name(settings, clean_env: None, org: O
     )
 
 
-def test_anthropic_handle_resolves_with_known_window(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_anthropic_handle_resolves_with_known_window(settings, clean_env: None, org: Organization) -> None:
     settings.ANTHROPIC_API_KEY = "sk-ant"
 
     target = resolve_model("anthropic/claude-sonnet-4", organization_id=org.id)
@@ -67,7 +67,7 @@ def test_anthropic_handle_resolves_with_known_window(settings, clean_env: None, 
     assert (target.context_window, target.max_context_window) == (DEFAULT_CONTEXT_WINDOW, 200_000)
 
 
-def test_ollama_handle_uses_its_openai_api_under_v1(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_ollama_handle_uses_its_openai_api_under_v1(settings, clean_env: None, org: Organization) -> None:
     settings.OLLAMA_BASE_URL = "http://localhost:11434"
 
     target = resolve_model("ollama/llama3.1", organization_id=org.id)
@@ -116,7 +116,7 @@ def test_org_provider_without_a_key_resolves_to_no_key(clean_env: None, org: Org
     assert target.api_key is None
 
 
-def test_org_provider_beats_environment_settings(settings, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_org_provider_beats_environment_settings(settings, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-env"
     settings.OPENAI_BASE_URL = "http://env.example/v1"
     ProviderFactory(organization=org, name="openai", api_key="sk-org", base_url="http://org.example/v1")
@@ -184,7 +184,7 @@ def test_org_compatible_provider_without_base_url_is_not_configured(
         resolve_model("lmstudio/qwen", organization_id=org.id)
 
 
-def test_context_window_limit_is_applied(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_context_window_limit_is_applied(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-env"
 
     target = resolve_model("openai/gpt-4o-mini", organization_id=org.id, context_window_limit=64_000)
@@ -194,7 +194,7 @@ def test_context_window_limit_is_applied(settings, clean_env: None, org: Organiz
 
 def test_context_window_limit_above_the_model_maximum_is_rejected(
     settings, clean_env: None, org: Organization
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     settings.OPENAI_API_KEY = "sk-env"
 
     with pytest.raises(ContextWindowLimitTooLarge) as info:
@@ -207,7 +207,7 @@ def test_context_window_limit_above_the_model_maximum_is_rejected(
 
 def test_context_window_limit_is_trusted_for_unknown_models(
     settings, clean_env: None, org: Organization
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     settings.OPENAI_BASE_URL = "http://127.0.0.1:9999/v1"
 
     target = resolve_model("openai/local-128k", organization_id=org.id, context_window_limit=131_072)
@@ -215,7 +215,7 @@ def test_context_window_limit_is_trusted_for_unknown_models(
     assert (target.context_window, target.max_context_window) == (131_072, 131_072)
 
 
-def test_api_key_is_not_in_repr(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_api_key_is_not_in_repr(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-very-secret"
 
     target = resolve_model("openai/gpt-4o-mini", organization_id=org.id)
@@ -223,7 +223,7 @@ def test_api_key_is_not_in_repr(settings, clean_env: None, org: Organization) ->
     assert "sk-very-secret" not in repr(target)
 
 
-def test_embedding_handle_resolves_with_known_dimension(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_embedding_handle_resolves_with_known_dimension(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-env"
 
     target = resolve_embedding("openai/text-embedding-3-small", organization_id=org.id)
@@ -239,7 +239,7 @@ def test_embedding_handle_resolves_with_known_dimension(settings, clean_env: Non
     )
 
 
-def test_ollama_embedding_dimension_ignores_the_tag(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_ollama_embedding_dimension_ignores_the_tag(settings, clean_env: None, org: Organization) -> None:
     settings.OLLAMA_BASE_URL = "http://localhost:11434/"
 
     target = resolve_embedding("ollama/nomic-embed-text:latest", organization_id=org.id)
@@ -251,7 +251,7 @@ def test_ollama_embedding_dimension_ignores_the_tag(settings, clean_env: None, o
     )
 
 
-def test_unknown_embedding_model_has_no_dimension_yet(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_embedding_model_has_no_dimension_yet(settings, clean_env: None, org: Organization) -> None:
     settings.OPENAI_BASE_URL = "http://127.0.0.1:9999/v1"
 
     target = resolve_embedding("openai/bge-small", organization_id=org.id)
@@ -259,7 +259,7 @@ def test_unknown_embedding_model_has_no_dimension_yet(settings, clean_env: None,
     assert target.dimension is None
 
 
-def test_empty_embedding_handle_is_an_error_not_a_default(settings, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_empty_embedding_handle_is_an_error_not_a_default(settings, org: Organization) -> None:
     settings.OPENAI_API_KEY = "sk-env"
 
     with pytest.raises(UnknownModelHandle) as info:
@@ -268,7 +268,7 @@ def test_empty_embedding_handle_is_an_error_not_a_default(settings, org: Organiz
     assert str(info.value) == "No embedding handle given; expected 'provider/model'."
 
 
-def test_anthropic_has_no_embeddings(settings, clean_env: None, org: Organization) -> None:  # type: ignore[no-untyped-def]
+def test_anthropic_has_no_embeddings(settings, clean_env: None, org: Organization) -> None:
     settings.ANTHROPIC_API_KEY = "sk-ant"
 
     with pytest.raises(UnknownModelHandle) as info:

@@ -47,7 +47,7 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True, params=["direct", "litellm"])
-def llm_client(request: pytest.FixtureRequest, settings) -> str:  # type: ignore[no-untyped-def]
+def llm_client(request: pytest.FixtureRequest, settings) -> str:
     settings.LLM_CLIENT = request.param
     settings.OUTBOUND_ALLOW = []
     return str(request.param)
@@ -81,7 +81,7 @@ def tenant_provider(org_id: str, url: str, name: str = "mine", **fields: Any) ->
 )
 def test_a_provider_with_a_non_public_base_url_is_refused_with_the_reason(
     actor, monkeypatch, template, reason
-):  # type: ignore[no-untyped-def]
+):
     real = outbound.resolve
     monkeypatch.setattr(
         outbound,
@@ -105,7 +105,7 @@ def test_a_provider_with_a_non_public_base_url_is_refused_with_the_reason(
     assert v4.connections == v6.connections == []
 
 
-def test_the_ade_settings_page_refuses_it_and_says_why(user, actor):  # type: ignore[no-untyped-def]
+def test_the_ade_settings_page_refuses_it_and_says_why(user, actor):
     client = Client()
     client.force_login(user)
 
@@ -120,7 +120,7 @@ def test_the_ade_settings_page_refuses_it_and_says_why(user, actor):  # type: ig
     assert not Provider.objects.for_actor(actor).exists()
 
 
-def test_an_allow_listed_private_server_is_accepted_and_called(actor, settings):  # type: ignore[no-untyped-def]
+def test_an_allow_listed_private_server_is_accepted_and_called(actor, settings):
     with RecordingHTTPServer() as server:
         settings.OUTBOUND_ALLOW = [f"127.0.0.1:{server.port}"]
         services.provider_create(
@@ -139,7 +139,7 @@ def test_an_allow_listed_private_server_is_accepted_and_called(actor, settings):
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_a_stored_url_the_guard_refuses_fails_before_anything_is_connected(actor, streamed):  # type: ignore[no-untyped-def]
+def test_a_stored_url_the_guard_refuses_fails_before_anything_is_connected(actor, streamed):
     with ConnectionRecorder() as platform:
         tenant_provider(actor.organization_id, f"{platform.url}/v1")
         target = resolve_model("mine/chat", organization_id=actor.organization_id)
@@ -160,7 +160,7 @@ def test_a_stored_url_the_guard_refuses_fails_before_anything_is_connected(actor
     assert platform.connections == []
 
 
-def test_an_anthropic_provider_url_is_guarded_too(actor):  # type: ignore[no-untyped-def]
+def test_an_anthropic_provider_url_is_guarded_too(actor):
     """Anthropic calls always go through litellm: its `client=` is the guarded one, not litellm's own."""
     with ConnectionRecorder() as platform:
         tenant_provider(
@@ -176,7 +176,7 @@ def test_an_anthropic_provider_url_is_guarded_too(actor):  # type: ignore[no-unt
 
 def test_a_redirect_to_an_internal_port_ends_the_run_with_llm_api_error_and_reaches_nothing(
     actor, settings, make_agent, send, env_openai
-):  # type: ignore[no-untyped-def]
+):
     """The operator allow-lists a model server (127.0.0.2) that turns out hostile: its 307 to a platform
     port is not followed, and nothing of its answer reaches the tenant."""
     with ConnectionRecorder("127.0.0.1") as platform:
@@ -221,7 +221,7 @@ def test_a_redirect_to_an_internal_port_ends_the_run_with_llm_api_error_and_reac
         (openai_reply(status=200, body=ATTACKER_BODY.encode()), None),
     ],
 )
-def test_failures_of_a_tenant_url_are_summarised_never_echoed(actor, settings, reply, summary):  # type: ignore[no-untyped-def]
+def test_failures_of_a_tenant_url_are_summarised_never_echoed(actor, settings, reply, summary):
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
     with RecordingHTTPServer(reply=reply) as server:
         tenant_provider(actor.organization_id, f"{server.url}/v1")
@@ -230,13 +230,13 @@ def test_failures_of_a_tenant_url_are_summarised_never_echoed(actor, settings, r
         with pytest.raises(Exception) as failed:
             complete(target, ChatRequest(messages=MESSAGES))
 
-    message = failed.value.message  # type: ignore[attr-defined]
+    message = failed.value.message
     expected = summary or "the provider's answer could not be read"
     assert message == f"mine/chat: {expected}"
     assert "ATTACKER" not in message
 
 
-def test_a_refused_connection_is_could_not_connect(actor, settings):  # type: ignore[no-untyped-def]
+def test_a_refused_connection_is_could_not_connect(actor, settings):
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
     tenant_provider(actor.organization_id, f"http://127.0.0.1:{free_port()}/v1")
     target = resolve_model("mine/chat", organization_id=actor.organization_id)
@@ -247,7 +247,7 @@ def test_a_refused_connection_is_could_not_connect(actor, settings):  # type: ig
     assert failed.value.message == "mine/chat: could not connect to the provider after 3 attempt(s)"
 
 
-def test_cookies_set_for_one_organisation_never_reach_another(actor, other_org_actor, settings):  # type: ignore[no-untyped-def]
+def test_cookies_set_for_one_organisation_never_reach_another(actor, other_org_actor, settings):
     def cookie_reply(*args: Any) -> tuple[int, dict[str, str], bytes]:
         status, headers, body = openai_reply()(*args)
         return status, {**headers, "Set-Cookie": "session=org-a-secret; Path=/"}, body
@@ -271,7 +271,7 @@ def test_cookies_set_for_one_organisation_never_reach_another(actor, other_org_a
     assert len(litellm.client_session.cookies.jar) == 0
 
 
-def test_embeddings_of_a_tenant_url_are_guarded(actor, settings):  # type: ignore[no-untyped-def]
+def test_embeddings_of_a_tenant_url_are_guarded(actor, settings):
     with ConnectionRecorder() as platform, RecordingHTTPServer() as allowed:
         tenant_provider(actor.organization_id, f"{platform.url}/v1", name="blocked")
         tenant_provider(actor.organization_id, f"{allowed.url}/v1", name="allowed")
@@ -286,7 +286,7 @@ def test_embeddings_of_a_tenant_url_are_guarded(actor, settings):  # type: ignor
     assert vectors == [[0.1, 0.2, 0.3]]
 
 
-def test_a_name_that_resolves_later_is_judged_when_called(actor, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_name_that_resolves_later_is_judged_when_called(actor, monkeypatch):
     """Stored while it did not resolve; when called it resolves to a private address: refused then."""
     resolver = FakeResolver({})
     monkeypatch.setattr(outbound, "resolve", resolver)
@@ -303,7 +303,7 @@ def test_a_name_that_resolves_later_is_judged_when_called(actor, monkeypatch):  
     assert "192.168.7.7" not in refused.value.message
 
 
-def test_model_lists_of_a_tenant_url_are_guarded(settings):  # type: ignore[no-untyped-def]
+def test_model_lists_of_a_tenant_url_are_guarded(settings):
     def models(*args: Any) -> tuple[int, dict[str, str], bytes]:
         return 200, {"Content-Type": "application/json"}, json.dumps({"data": [{"id": "qwen"}]}).encode()
 
@@ -319,7 +319,7 @@ def test_model_lists_of_a_tenant_url_are_guarded(settings):  # type: ignore[no-u
 # --- the deployment's own providers -------------------------------------------------------------------------
 
 
-def test_the_deployments_loopback_server_is_trusted_and_its_url_not_shown(target, llm):  # type: ignore[no-untyped-def]
+def test_the_deployments_loopback_server_is_trusted_and_its_url_not_shown(target, llm):
     """OPENAI_BASE_URL (the scripted server on 127.0.0.1) needs no allow-list entry, and the trace a
     tenant can read does not name it."""
     response = complete(target, ChatRequest(messages=MESSAGES))

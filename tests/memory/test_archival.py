@@ -34,7 +34,7 @@ def llm_server() -> Iterator[ScriptedLLMServer]:
 
 
 @pytest.fixture
-def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type: ignore[no-untyped-def]
+def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:
     """`openai/...` embedding handles served by the scripted server's bag-of-words vectors."""
     settings.OPENAI_BASE_URL = llm_server.url
     settings.OPENAI_API_KEY = "sk-test"
@@ -48,20 +48,20 @@ def embeddings(settings, llm_server: ScriptedLLMServer) -> ScriptedLLM:  # type:
 
 
 @pytest.fixture
-def agent(org):  # type: ignore[no-untyped-def]
+def agent(org):
     return AgentFactory(organization=org, name="Ada", embedding=HANDLE)
 
 
 @pytest.fixture
-def archive(actor, agent, embeddings) -> Archive:  # type: ignore[no-untyped-def]
+def archive(actor, agent, embeddings) -> Archive:
     return agent_archive(actor=actor, agent_id=agent.id, embedding_handle=HANDLE)
 
 
-def insert(actor, archive, *texts: str, tags: list[str] | None = None) -> list[Passage]:  # type: ignore[no-untyped-def]
+def insert(actor, archive, *texts: str, tags: list[str] | None = None) -> list[Passage]:
     return passage_insert(actor=actor, archive=archive, texts=list(texts), tags=tags, embedding_handle=HANDLE)
 
 
-def search(actor, archive, query: str, **kwargs) -> list[str]:  # type: ignore[no-untyped-def]
+def search(actor, archive, query: str, **kwargs) -> list[str]:
     hits = passage_search(
         actor=actor, archive_ids=[archive.id], query=query, embedding_handle=HANDLE, **kwargs
     )

@@ -64,7 +64,7 @@ def test_block_view_is_frozen():
     view = block("Name: Alice")
 
     with pytest.raises(dataclasses.FrozenInstanceError):
-        view.value = "changed"  # type: ignore[misc]
+        view.value = "changed"
 
 
 def test_block_view_defaults_to_writable():
@@ -111,7 +111,7 @@ def test_append_refuses_non_string_content():
     view = block("a")
 
     with raises_edit_error("content must be a string, got NoneType."):
-        core_memory_append(view, None)  # type: ignore[arg-type]
+        core_memory_append(view, None)
 
 
 def test_append_exactly_at_limit_passes():
@@ -208,7 +208,7 @@ def test_core_replace_refuses_non_string_new_content():
     view = block("Name: Alice")
 
     with raises_edit_error("new_content must be a string, got int."):
-        core_memory_replace(view, "Alice", 5)  # type: ignore[arg-type]
+        core_memory_replace(view, "Alice", 5)
 
 
 def test_core_replace_exactly_at_limit_passes():
@@ -412,7 +412,7 @@ def test_memory_replace_refuses_non_string_old_string():
     view = block("Name: Alice")
 
     with raises_edit_error("old_string must be a string, got list."):
-        memory_replace(view, ["Alice"], "Bob")  # type: ignore[arg-type]
+        memory_replace(view, ["Alice"], "Bob")
 
 
 def test_memory_replace_exactly_at_limit_passes():
@@ -495,7 +495,7 @@ def test_memory_insert_into_empty_block_keeps_blank_line_like_letta():
 def test_memory_insert_accepts_digit_string_line():
     view = block("a\nb")
 
-    result = memory_insert(view, "x", insert_line="1")  # type: ignore[arg-type]
+    result = memory_insert(view, "x", insert_line="1")
 
     assert result == "a\nx\nb"
 
@@ -534,7 +534,7 @@ def test_memory_insert_non_integer_line_is_refused():
     with raises_edit_error(
         "insert_line must be an integer line number (0 for the start, -1 for the end), got 'end'."
     ):
-        memory_insert(view, "c", insert_line="end")  # type: ignore[arg-type]
+        memory_insert(view, "c", insert_line="end")
 
 
 def test_memory_insert_bool_line_is_refused():
@@ -578,7 +578,7 @@ def test_memory_insert_refuses_non_string_new_string():
     view = block("a")
 
     with raises_edit_error("new_string must be a string, got dict."):
-        memory_insert(view, {"text": "b"})  # type: ignore[arg-type]
+        memory_insert(view, {"text": "b"})
 
 
 def test_memory_insert_exactly_at_limit_passes():
@@ -657,7 +657,7 @@ def test_memory_rethink_refuses_non_string():
     view = block("old")
 
     with raises_edit_error("new_memory must be a string, got NoneType."):
-        memory_rethink(view, None)  # type: ignore[arg-type]
+        memory_rethink(view, None)
 
 
 def test_memory_rethink_exactly_at_limit_passes():
@@ -760,4 +760,4 @@ def test_tool_names_mapping_is_read_only():
     mapping = MEMORY_TOOL_NAMES
 
     with pytest.raises(TypeError):
-        mapping["memory_apply_patch"] = memory_rethink  # type: ignore[index]
+        mapping["memory_apply_patch"] = memory_rethink

@@ -52,13 +52,13 @@ def docker_image() -> Iterator[str]:
     assert leaked == [], f"sandbox containers outlived the tests: {[c.short_id for c in leaked]}"
 
 
-def own_containers() -> list:  # type: ignore[type-arg]
+def own_containers() -> list:
     """Sandbox containers started by this test process (others may run tests on this engine too)."""
     return get_client().containers.list(all=True, filters={"label": f"{LABEL_PID}={os.getpid()}"})
 
 
 @pytest.fixture(params=["local", "docker"])
-def backend(request, settings) -> str:  # type: ignore[no-untyped-def]
+def backend(request, settings) -> str:
     """Each test runs once per backend, the backend forced (no fallback can hide a failure)."""
     if request.param == "docker":
         settings.SANDBOX_BASE_IMAGE = request.getfixturevalue("docker_image")
@@ -72,7 +72,7 @@ def backend(request, settings) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def docker_settings(settings, docker_image: str):  # type: ignore[no-untyped-def]
+def docker_settings(settings, docker_image: str):
     """Django settings that make custom tools run in Docker on the test image."""
     settings.SANDBOX_BACKEND = "auto"
     settings.SANDBOX_BASE_IMAGE = docker_image
@@ -80,7 +80,7 @@ def docker_settings(settings, docker_image: str):  # type: ignore[no-untyped-def
     return settings
 
 
-def containers_of_pid(pid: int) -> list:  # type: ignore[type-arg]
+def containers_of_pid(pid: int) -> list:
     """Sandbox containers labelled with another process's pid (a sandbox runner the tests started)."""
     return get_client().containers.list(all=True, filters={"label": f"{LABEL_PID}={pid}"})
 

@@ -112,7 +112,7 @@ PLATFORM_SECRETS = ("DJANGO_SECRET_KEY", "SECRETS_ENCRYPTION_KEY", "DATABASE_URL
 
 
 @pytest.fixture
-def limits(org, backend: str) -> None:  # type: ignore[no-untyped-def]
+def limits(org, backend: str) -> None:
     """Short timeouts, so that the containment tests are quick."""
     for sandbox_type in (SandboxConfig.Type.LOCAL, SandboxConfig.Type.DOCKER):
         SandboxConfig.all_objects.create(
@@ -130,7 +130,7 @@ def platform_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
-def run(api_client_for, actor, name: str, args: dict, env: dict | None = None) -> dict:  # type: ignore[no-untyped-def]
+def run(api_client_for, actor, name: str, args: dict, env: dict | None = None) -> dict:
     body = {"source_code": PROBE, "name": name, "args": args, "env_vars": env or {}}
     response = api_client_for(actor).post("/v1/tools/run", body, format="json")
     assert response.status_code == 200, response.content

@@ -120,7 +120,7 @@ BAD_PLAN_ERROR = (
 )
 
 
-def run(api_client_for, actor, source: str, name: str, args: dict) -> dict:  # type: ignore[no-untyped-def]
+def run(api_client_for, actor, source: str, name: str, args: dict) -> dict:
     response = api_client_for(actor).post(
         "/v1/tools/run", {"source_code": source, "name": name, "args": args}, format="json"
     )
@@ -128,7 +128,7 @@ def run(api_client_for, actor, source: str, name: str, args: dict) -> dict:  # t
     return response.json()
 
 
-def tool_returns(result):  # type: ignore[no-untyped-def]
+def tool_returns(result):
     return [m.tool_returns[0] for m in result.messages if m.role == "tool"]
 
 

@@ -200,7 +200,7 @@ def runner(docker_image: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture
-def runner_settings(docker_settings, runner: RunnerProcess):  # type: ignore[no-untyped-def]
+def runner_settings(docker_settings, runner: RunnerProcess):
     """This process as web and worker are in production: Docker only, through the runner."""
     docker_settings.SANDBOX_BACKEND = "docker"
     docker_settings.SANDBOX_RUNNER_URL = runner.url

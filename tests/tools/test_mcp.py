@@ -59,14 +59,14 @@ NO_COMMANDS = (
 
 
 @pytest.fixture(autouse=True)
-def _stdio_allowed(settings):  # type: ignore[no-untyped-def]
+def _stdio_allowed(settings):
     """The operator allows the test server's interpreter (and a missing command) and binds what it needs."""
     settings.MCP_STDIO_COMMANDS = [PYTHON, MISSING]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
 
 
 @pytest.fixture(autouse=True)
-def _outbound(settings, monkeypatch):  # type: ignore[no-untyped-def]
+def _outbound(settings, monkeypatch):
     """The test servers listen on 127.0.0.1, which the operator opens (OUTBOUND_ALLOW); the example.com
     servers are only stored (named in the allow-list, so never looked up; a connection would go to
     loopback); nothing may leave loopback."""
@@ -758,7 +758,7 @@ def test_a_dead_server_gives_the_model_an_error_and_the_run_completes(actor, mak
 
 
 @pytest.fixture
-def admin_client(client, user):  # type: ignore[no-untyped-def]
+def admin_client(client, user):
     user.is_staff = user.is_superuser = True
     user.save()
     client.force_login(user)

@@ -136,7 +136,7 @@ def test_multiline_parameter_description_keeps_its_lines():
 
     schema = schema_of(source)
 
-    assert schema["parameters"]["properties"]["x"]["description"] == "First line\nsecond line."  # type: ignore[index]
+    assert schema["parameters"]["properties"]["x"]["description"] == "First line\nsecond line."
 
 
 def test_str_maps_to_string():
@@ -287,8 +287,8 @@ def test_defaults_make_parameters_optional():
 
     schema = schema_of(source)
 
-    assert schema["parameters"]["required"] == ["a", "c"]  # type: ignore[index]
-    assert list(schema["parameters"]["properties"]) == ["a", "b", "c", "d"]  # type: ignore[index]
+    assert schema["parameters"]["required"] == ["a", "c"]
+    assert list(schema["parameters"]["properties"]) == ["a", "b", "c", "d"]
 
 
 def test_positional_only_parameters_are_included():
@@ -304,7 +304,7 @@ def test_positional_only_parameters_are_included():
 
     schema = schema_of(source)
 
-    assert schema["parameters"]["required"] == ["a", "b"]  # type: ignore[index]
+    assert schema["parameters"]["required"] == ["a", "b"]
 
 
 def test_injected_parameters_are_left_out():
@@ -402,7 +402,7 @@ def test_source_with_null_bytes_is_refused():
 
 def test_non_string_source_is_refused():
     with pytest.raises(ToolSchemaError) as excinfo:
-        generate_schema(b"def f(): pass")  # type: ignore[arg-type]
+        generate_schema(b"def f(): pass")
 
     assert str(excinfo.value) == "tool source code must be a string"
 

@@ -37,7 +37,7 @@ def _page(request: HttpRequest, invitation: Invitation, *, status: int = 200, **
         "invitation": invitation,
         "organization": invitation.organization,
         "already_member": user.is_authenticated
-        and account_selectors.user_memberships(user=user)  # type: ignore[arg-type]
+        and account_selectors.user_memberships(user=user)
         .filter(organization_id=invitation.organization_id)
         .exists(),
         "form": {"username": ""},
@@ -72,7 +72,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
 
     if request.user.is_authenticated:
         try:
-            membership = account_services.invitation_accept(user=request.user, raw_token=token)  # type: ignore[arg-type]
+            membership = account_services.invitation_accept(user=request.user, raw_token=token)
         except NotFound:  # used or revoked since the page was shown
             return _invalid(request)
         except Conflict as exc:

@@ -48,7 +48,7 @@ def chromium() -> str:
 @pytest.fixture(scope="session")
 def ade_server(
     django_db_setup, scripted_server: ScriptedLLMServer, celery_worker: WorkerProcess, tmp_path_factory
-) -> Iterator[AdeServer]:  # type: ignore[no-untyped-def]
+) -> Iterator[AdeServer]:
     """daphne on the test database; the session's Celery worker executes the runs it submits."""
     server = AdeServer(worker_env(scripted_server.url), Path(tmp_path_factory.mktemp("daphne"))).wait_ready()
     yield server
@@ -122,7 +122,7 @@ def new_page(browser: object, ade_server: AdeServer) -> Iterator[Callable[[], ob
 
 
 @pytest.fixture
-def ade(ade_server: AdeServer, new_page: Callable[[], object], llm) -> Ade:  # type: ignore[no-untyped-def]
+def ade(ade_server: AdeServer, new_page: Callable[[], object], llm) -> Ade:
     """An owner of a fresh organisation, signed in through the login form."""
     org = OrganizationFactory()
     user = MembershipFactory(organization=org, role=Role.OWNER, user=UserFactory(password=PASSWORD)).user

@@ -12,7 +12,7 @@ from apps.agents.services import BlockSpec, agent_create
 from tests.ade.browser.conftest import Ade
 
 
-def test_create_an_agent_from_a_template_and_land_in_its_workspace(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_create_an_agent_from_a_template_and_land_in_its_workspace(ade: Ade, screenshot) -> None:
     page = ade.page
     page.goto(ade.url("/agents/"))
     page.get_by_test_id("new-agent").click()
@@ -44,7 +44,7 @@ def test_create_form_shows_what_is_wrong_without_leaving_the_page(ade: Ade) -> N
     assert not Agent.objects.for_actor(ade.actor).exists()
 
 
-def test_search_filter_export_import_and_delete(ade: Ade, screenshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_search_filter_export_import_and_delete(ade: Ade, screenshot, tmp_path: Path) -> None:
     for name, tags in (("Support bot", ["support"]), ("Travel planner", ["travel"]), ("Research helper", [])):
         agent_create(
             actor=ade.actor,

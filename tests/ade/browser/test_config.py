@@ -9,7 +9,7 @@ from apps.agents.services import BlockSpec, agent_create
 from tests.ade.browser.conftest import Ade, sign_in
 
 
-def test_change_model_and_system_prompt_without_a_reload_then_add_a_tool_rule(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_change_model_and_system_prompt_without_a_reload_then_add_a_tool_rule(ade: Ade, screenshot) -> None:
     agent = agent_create(
         actor=ade.actor,
         name="Configured",
@@ -76,7 +76,7 @@ def test_an_invalid_model_handle_is_explained_in_place(ade: Ade) -> None:
     assert Agent.objects.for_actor(ade.actor).get(id=agent.id).model == "openai/scripted-chat"
 
 
-def test_config_column_at_1920_wide(ade: Ade, new_page, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_config_column_at_1920_wide(ade: Ade, new_page, screenshot) -> None:
     agent = agent_create(
         actor=ade.actor,
         name="Wide",

@@ -19,7 +19,7 @@ REPLY = (
 )
 
 
-def make_agent(ade: Ade, **kwargs):  # type: ignore[no-untyped-def]
+def make_agent(ade: Ade, **kwargs):
     return agent_create(
         actor=ade.actor,
         name=kwargs.pop("name", "Streamer"),
@@ -29,13 +29,13 @@ def make_agent(ade: Ade, **kwargs):  # type: ignore[no-untyped-def]
     )
 
 
-def send(page, message: str) -> None:  # type: ignore[no-untyped-def]
+def send(page, message: str) -> None:
     box = page.get_by_test_id("composer-text")
     box.fill(message)
     box.press("Enter")
 
 
-def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screenshot) -> None:
     agent = make_agent(ade)
     llm.push(text(REPLY, reasoning="The user wants a long answer.", chunk_delay=0.1))
     page = ade.page
@@ -101,7 +101,7 @@ def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screensho
         screenshot(page, f"conversation-{width}")
 
 
-def test_approve_one_tool_call_and_deny_another(ade: Ade, llm, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_approve_one_tool_call_and_deny_another(ade: Ade, llm, screenshot) -> None:
     agent = make_agent(
         ade, name="Careful", tool_rules=[{"type": "requires_approval", "tool_name": "memory_insert"}]
     )
@@ -151,7 +151,7 @@ def test_approve_one_tool_call_and_deny_another(ade: Ade, llm, screenshot) -> No
     assert page.locator("[data-testid=approval-card].pending").count() == 0
 
 
-def test_a_message_while_an_approval_waits_is_explained(ade: Ade, llm) -> None:  # type: ignore[no-untyped-def]
+def test_a_message_while_an_approval_waits_is_explained(ade: Ade, llm) -> None:
     agent = make_agent(
         ade, name="Waiting", tool_rules=[{"type": "requires_approval", "tool_name": "memory_insert"}]
     )
@@ -167,7 +167,7 @@ def test_a_message_while_an_approval_waits_is_explained(ade: Ade, llm) -> None: 
     expect(page.get_by_test_id("composer-text")).to_have_value("Hello?")  # nothing lost
 
 
-def test_cancel_a_running_turn(ade: Ade, llm) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_a_running_turn(ade: Ade, llm) -> None:
     agent = make_agent(ade, name="Slow")
     llm.push(
         tool_calls(
@@ -190,7 +190,7 @@ def test_cancel_a_running_turn(ade: Ade, llm) -> None:  # type: ignore[no-untype
     assert "never written" not in Block.all_objects.get(agents=agent, label="human").value
 
 
-def test_new_conversation_is_kept_in_the_address_and_switching_back_shows_the_default(ade: Ade, llm) -> None:  # type: ignore[no-untyped-def]
+def test_new_conversation_is_kept_in_the_address_and_switching_back_shows_the_default(ade: Ade, llm) -> None:
     agent = make_agent(ade, name="Threads")
     llm.push(text("Default thread reply."), text("New thread reply."))
     page = ade.page

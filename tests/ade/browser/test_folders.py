@@ -38,7 +38,7 @@ def _refusal(size: int) -> str:
 
 def test_pick_two_files_watch_them_upload_and_ingest_and_see_dropped_files_refused(
     ade: Ade, screenshot
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     folder = services.folder_create(
         actor=ade.actor, name="handbook", description="Team docs", embedding_handle=EMBEDDING
     )
@@ -105,7 +105,7 @@ def test_pick_two_files_watch_them_upload_and_ingest_and_see_dropped_files_refus
     expect(row.get_by_test_id("folder-size")).to_have_text(f"{len(NOTES) + len(GUIDE)}\xa0bytes")
 
 
-def test_attach_a_folder_in_the_workspace_and_close_and_open_its_file(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_attach_a_folder_in_the_workspace_and_close_and_open_its_file(ade: Ade, screenshot) -> None:
     agent = agent_create(
         actor=ade.actor,
         name="Reader",

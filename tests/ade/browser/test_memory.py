@@ -63,7 +63,7 @@ def _wait_for_run_end(ade: Ade, agent: Agent, timeout: float = 15.0) -> None:
 
 def test_a_block_the_agent_edits_during_a_turn_updates_live_in_the_panel_and_the_context_viewer(
     ade: Ade, llm: ScriptedLLM, screenshot
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     agent = _agent(ade)
     new_value = "Name: Ada Lovelace. Mathematician; writes the first programs; likes tea and long walks."
     llm.push(
@@ -98,7 +98,7 @@ def test_a_block_the_agent_edits_during_a_turn_updates_live_in_the_panel_and_the
 
 def test_a_block_edited_by_hand_is_in_the_next_llm_request_and_its_history_shows_the_diff(
     ade: Ade, llm: ScriptedLLM, screenshot
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     agent = _agent(ade)
     page = ade.page
     page.goto(ade.url(f"/agents/{agent.id}/"))
@@ -133,7 +133,7 @@ def test_a_block_edited_by_hand_is_in_the_next_llm_request_and_its_history_shows
 
 def test_an_edit_is_not_clobbered_when_the_agent_changes_the_block_meanwhile(
     ade: Ade, llm: ScriptedLLM
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     agent = _agent(ade)
     llm.push(
         llm.tool_calls(
@@ -163,7 +163,7 @@ def test_an_edit_is_not_clobbered_when_the_agent_changes_the_block_meanwhile(
     expect(block.get_by_test_id("block-saved")).to_have_text("Saved · version 3")
 
 
-def test_adding_and_searching_archival_passages(ade: Ade, llm: ScriptedLLM, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_adding_and_searching_archival_passages(ade: Ade, llm: ScriptedLLM, screenshot) -> None:
     agent = _agent(ade)
     page = ade.page
     page.goto(ade.url(f"/agents/{agent.id}/"))

@@ -13,7 +13,7 @@ from tests.support.scripted_llm import text, tool_call, tool_calls
 
 def test_run_page_shows_steps_with_llm_request_and_response_and_takes_feedback(
     ade: Ade, llm, screenshot
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     agent = agent_create(
         actor=ade.actor,
         name="Librarian",

@@ -15,7 +15,7 @@ from tests.ade.browser.conftest import Ade, htmx_settled
 SECRET = "sk-ant-browser-secret-0123456789"
 
 
-def test_a_new_api_key_is_shown_once(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_api_key_is_shown_once(ade: Ade, screenshot) -> None:
     page = ade.page
     page.goto(ade.url("/settings/api-keys/"))
     expect(page.get_by_text("No API keys yet.")).to_be_visible()
@@ -46,7 +46,7 @@ def test_a_new_api_key_is_shown_once(ade: Ade, screenshot) -> None:  # type: ign
     screenshot(page, "settings-api-keys")
 
 
-def test_a_provider_is_listed_without_its_key(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_a_provider_is_listed_without_its_key(ade: Ade, screenshot) -> None:
     page = ade.page
     page.goto(ade.url("/settings/providers/"))
     expect(page.get_by_text("This organization has no providers of its own yet.")).to_be_visible()
@@ -76,7 +76,7 @@ def test_a_provider_is_listed_without_its_key(ade: Ade, screenshot) -> None:  # 
     assert SECRET not in page.content()
 
 
-def test_a_member_joins_by_invitation_and_their_role_is_changed_in_place(  # type: ignore[no-untyped-def]
+def test_a_member_joins_by_invitation_and_their_role_is_changed_in_place(
     ade: Ade, new_page, screenshot
 ) -> None:
     page = ade.page

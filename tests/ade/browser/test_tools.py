@@ -22,7 +22,7 @@ INCOMPLETE = '''def add(a: int, b: int = 2) -> int:
 '''
 
 
-def test_write_a_tool_see_its_schema_live_save_and_run_it(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_write_a_tool_see_its_schema_live_save_and_run_it(ade: Ade, screenshot) -> None:
     page = ade.page
     page.goto(ade.url("/tools/new/"))
     editor = page.locator("#source-editor.ace_editor")
@@ -103,7 +103,7 @@ def test_saving_changes_keeps_the_page_and_renames_the_tool(ade: Ade) -> None:
     assert tool.name == "add_numbers"
 
 
-def test_the_tool_list_searches_by_name(ade: Ade, screenshot) -> None:  # type: ignore[no-untyped-def]
+def test_the_tool_list_searches_by_name(ade: Ade, screenshot) -> None:
     tool_upsert(
         actor=ade.actor,
         source_code=INCOMPLETE.replace(

@@ -12,7 +12,7 @@ from tests.ade.browser.conftest import Ade
 @pytest.mark.parametrize(("width", "height"), [(1280, 800), (1920, 1080)])
 def test_the_workspace_fits_the_window_and_its_columns_scroll(
     ade: Ade, screenshot, width: int, height: int
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     agent = agent_create(
         actor=ade.actor,
         name="Roomy",

@@ -217,9 +217,9 @@ def test_sections_render_to_the_compiled_message():
         "timezone": "UTC",
     }
 
-    sections = compile_system_sections(**arguments)  # type: ignore[arg-type]
+    sections = compile_system_sections(**arguments)
 
-    assert sections.render() == compile_system_message(**arguments)  # type: ignore[arg-type]
+    assert sections.render() == compile_system_message(**arguments)
     assert sections.system_prompt == "You are Sam."
     assert sections.memory_blocks.startswith("<memory_blocks>\n")
     assert sections.tool_rules.startswith("<tool_usage_rules>\n")
