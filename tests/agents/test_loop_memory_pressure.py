@@ -91,7 +91,7 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     # statement), unlock. After the answer: the steps' provider traces (one UPDATE), the run's recall
     # embeddings (provider, one UPDATE).
     assert big_count == small_count
-    assert small_count <= 18
+    assert small_count == 18
 
 
 def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):
@@ -113,7 +113,7 @@ def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, ll
     # tool, and the edit: one statement that writes the block the run loaded (compare-and-set on its
     # version, while still attached) with its history row; the block is not read again before or after,
     # and the second step's cancel check reads the status the first step's statement returned.
-    assert len(statements) - simple <= 3
+    assert len(statements) - simple == 3
     edit = next(i for i, sql in enumerate(statements) if "UPDATE memory_block SET" in sql)
     assert 'INSERT INTO "memory_blockhistory"' in statements[edit]
     block_reads = [i for i, sql in enumerate(statements) if "FROM memory_block AS block" in sql]
