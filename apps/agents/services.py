@@ -213,6 +213,11 @@ def store_thread_system_message(*, actor: Actor, agent: Agent, conversation_id: 
         text = thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
     except InvalidInput:
         text = agent.system or DEFAULT_SYSTEM_PROMPT
+    _save_system_message(agent, conversation_id, text)
+    return text
+
+
+def _save_system_message(agent: Agent, conversation_id: str | None, text: str) -> None:
     save_thread_system_message(
         organization_id=agent.organization_id,
         agent_id=agent.id,
@@ -220,7 +225,6 @@ def store_thread_system_message(*, actor: Actor, agent: Agent, conversation_id: 
         text=text,
         model=agent.model,
     )
-    return text
 
 
 def _store_initial_messages(*, actor: Actor, agent: Agent, messages: list[MessageIn]) -> None:
@@ -1431,13 +1435,7 @@ def thread_recompile(
     require_agent_permission(actor, agent, Action.AGENT_USE)
     text = thread_system_message(actor=actor, agent_id=agent.id, conversation_id=conversation_id)
     if not dry_run:
-        save_thread_system_message(
-            organization_id=agent.organization_id,
-            agent_id=agent.id,
-            conversation_id=conversation_id,
-            text=text,
-            model=agent.model,
-        )
+        _save_system_message(agent, conversation_id, text)
     return text
 
 

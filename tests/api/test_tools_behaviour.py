@@ -33,7 +33,7 @@ def flaky(attempt: int) -> str:
     raise ConnectionError(f"service down (attempt {attempt})")
 '''
 
-PYDANTIC_SOURCE = '''
+PLAN_MODELS = '''
 from pydantic import BaseModel, Field
 
 
@@ -48,7 +48,11 @@ class Plan(BaseModel):
     title: str = Field(description="What the plan is for.")
     steps: list[Step] = Field(..., description="The steps, in order.")
 
+'''
 
+PYDANTIC_SOURCE = (
+    PLAN_MODELS
+    + '''
 def make_plan(plan: Plan, owner: str = "me") -> str:
     """Store a plan.
 
@@ -58,6 +62,7 @@ def make_plan(plan: Plan, owner: str = "me") -> str:
     """
     return plan.title
 '''
+)
 
 STEP_SCHEMA = {
     "type": "object",

@@ -21,6 +21,17 @@ TEST_IMAGE = os.environ.get("SANDBOX_TEST_IMAGE", "letta-sandbox-base:py3")
 OWN_REPOSITORY = "letta-sandbox-base"  # what scripts/build_sandbox_image.sh builds
 
 
+def build_image(tag: str, *, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    """Run scripts/build_sandbox_image.sh for `tag` (nothing to do when it is present and current)."""
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), tag],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @pytest.fixture(scope="session")
 def docker_image() -> Iterator[str]:
     """The sandbox base image for tests; skips when no Docker engine answers.
@@ -34,13 +45,7 @@ def docker_image() -> Iterator[str]:
         pytest.skip("no Docker engine answers (docker SDK ping failed): the Docker sandbox tests need one")
     client = get_client()
     if TEST_IMAGE.split(":")[0] == OWN_REPOSITORY or not client.images.list(name=TEST_IMAGE):
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), TEST_IMAGE],
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
+        built = build_image(TEST_IMAGE)
         if built.returncode != 0:
             pytest.fail(f"building {TEST_IMAGE} failed:\n{built.stderr[-3000:]}")
     yield TEST_IMAGE

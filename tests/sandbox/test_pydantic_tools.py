@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import stat
-import subprocess
 import uuid
 
 from docker.errors import ImageNotFound
@@ -19,25 +18,13 @@ from apps.sandbox import local
 from apps.sandbox.docker_sandbox import get_client
 from apps.sandbox.local import JAIL_SITE, pydantic_site, run_tool_locally
 from apps.tools.services import tool_upsert
-from tests.sandbox.conftest import ROOT
+from tests.api.test_tools_behaviour import PLAN_MODELS
+from tests.sandbox.conftest import ROOT, build_image
 from tests.support.scripted_llm import text, tool_call, tool_calls
 
-PLAN_SOURCE = '''
-from pydantic import BaseModel, Field
-
-
-class Step(BaseModel):
-    """One step of a plan."""
-
-    name: str = Field(..., description="Name of the step.")
-    minutes: int | None = Field(None, description="How long it takes.")
-
-
-class Plan(BaseModel):
-    title: str = Field(description="What the plan is for.")
-    steps: list[Step] = Field(..., description="The steps, in order.")
-
-
+PLAN_SOURCE = (
+    PLAN_MODELS
+    + '''
 def copy_plan(plan: Plan) -> Plan:
     """Give the plan back.
 
@@ -59,6 +46,7 @@ def make_plan(plan: Plan, owner: str = "me") -> str:
     return f"{type(plan).__name__} {plan.title} for {owner}: {steps}"
 
 '''
+)
 
 SHAPES_SOURCE = '''
 from __future__ import annotations
@@ -320,20 +308,8 @@ def test_an_image_of_an_older_recipe_is_rebuilt_under_its_tag(docker_image):
     finally:
         container.remove(force=True)
     try:
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), tag],
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-        again = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "build_sandbox_image.sh"), tag],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        built = build_image(tag)
+        again = build_image(tag, timeout=60)
 
         assert built.returncode == 0, built.stderr[-3000:]
         assert f"{tag} was built from another recipe (older, now " in built.stderr
