@@ -17,6 +17,7 @@ operators can run management commands (create_user, create_api_key...) against t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -302,10 +304,14 @@ def run_platform() -> int:
     # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process takes
     # its connections from a pool; workers keep theirs (persistent connections).
     web_env = {**os.environ, "DATABASE_POOL_MAX_SIZE": os.environ.get("WEB_DATABASE_POOL_MAX_SIZE", "16")}
-    children = {
-        name: subprocess.Popen(cmd, cwd=ROOT, env=web_env if name == "web" else None)
-        for name, cmd in commands.items()
-    }
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(commands[name], cwd=ROOT, env=web_env if name == "web" else None)
+
+    children = {name: start(name) for name in commands}
+    restarts = {name: Restarts() for name in commands}
+    started_at = {name: time.monotonic() for name in commands}
+    due: dict[str, float] = {}  # a crashed child's restart time
     print(
         f"platform on http://{os.environ.get('HOST', '127.0.0.1')}:{port} (admin at /admin/); Ctrl-C stops it",
         flush=True,
@@ -321,12 +327,19 @@ def run_platform() -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    exit_code = 0
+    # A crashed child is started again after a backoff while the others keep serving; Ctrl-C stops all.
     while not stopping:
+        now = time.monotonic()
         for name, child in children.items():
-            if child.poll() is not None:
-                print(f"{name} exited with {child.returncode}; stopping the platform", flush=True)
-                exit_code, stopping = child.returncode or 1, True
+            if name in due:
+                if now >= due[name] and not stopping:
+                    print(f"restarting {name}", flush=True)
+                    children[name], started_at[name] = start(name), now
+                    del due[name]
+            elif child.poll() is not None and not stopping:
+                delay = restarts[name].after_exit(ran_for=now - started_at[name])
+                print(f"{name} exited with {child.returncode}; restarting it in {delay:.0f} s", flush=True)
+                due[name] = now + delay
         time.sleep(0.5)
     for child in children.values():
         if child.poll() is None:
@@ -337,7 +350,24 @@ def run_platform() -> int:
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             child.kill()
-    return exit_code
+    return 0
+
+
+@dataclasses.dataclass
+class Restarts:
+    """When to start a crashed child again: 1 s after its first crash, doubling for each crash in a row up
+    to MAX_DELAY (a crash loop costs little and stays visible in the log); a child that ran for STABLE
+    seconds starts counting afresh."""
+
+    FIRST_DELAY: ClassVar[float] = 1.0
+    MAX_DELAY: ClassVar[float] = 30.0
+    STABLE: ClassVar[float] = 60.0
+    in_a_row: int = 0
+
+    def after_exit(self, *, ran_for: float) -> float:
+        """The delay before the next start of a child that has just exited after `ran_for` seconds."""
+        self.in_a_row = 1 if ran_for >= self.STABLE else self.in_a_row + 1
+        return min(self.FIRST_DELAY * 2 ** (self.in_a_row - 1), self.MAX_DELAY)
 
 
 def run_bench(args: list[str]) -> int:

@@ -161,3 +161,52 @@ def test_make_run_serves_stops_cleanly_and_keeps_data_between_runs(data_dir):
     assert fetched.json()["value"] == "Name: Sam"
     assert second_exit == 0
     assert "shown once" not in log.read_text()
+
+
+def test_a_crashed_worker_is_restarted_while_the_web_keeps_serving(data_dir):
+    import psutil
+
+    port = free_port()
+    data_dir.mkdir(parents=True)
+    process, log = start_platform(data_dir, port)
+    try:
+        wait_for_log(log, "celery@")
+        platform = psutil.Process(process.pid)
+        [worker] = [
+            child
+            for child in platform.children()
+            if "worker" in child.cmdline() and any(part.endswith("celery") for part in child.cmdline())
+        ]
+        worker.kill()  # -9: no chance to clean up
+        wait_for_log(log, "worker exited with -9; restarting it in 1 s")
+        during = httpx.get(f"http://127.0.0.1:{port}/v1/health/", timeout=5)
+        wait_for_log(log, "restarting worker")
+        deadline = time.monotonic() + 60
+        while log.read_text().count("celery@") < 2:  # the new worker's banner
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        after = httpx.get(f"http://127.0.0.1:{port}/v1/health/", timeout=5)
+        alive = process.poll() is None
+    finally:
+        exit_code = press_ctrl_c(process)
+
+    assert during.status_code == 200
+    assert after.status_code == 200
+    assert alive
+    assert exit_code == 0
+    assert "stopping the platform" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("runs", "delays"),
+    [
+        ([0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], [1, 2, 4, 8, 16, 30, 30]),  # a crash loop backs off to 30 s
+        ([0.5, 0.5, 120.0, 0.5], [1, 2, 1, 2]),  # a child that ran a while counts afresh
+    ],
+)
+def test_restarts_back_off_and_forgive_a_child_that_ran_a_while(runs, delays):
+    from scripts.devenv import Restarts
+
+    restarts = Restarts()
+
+    assert [restarts.after_exit(ran_for=seconds) for seconds in runs] == delays
