@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounts import selectors as account_selectors
 from apps.accounts import services as account_services
 from apps.accounts.models import Membership
-from apps.ade.views.base import AdeRequest, ade_view, is_htmx
+from apps.ade.views.base import AdeRequest, ade_view
 from apps.core import permissions
 from apps.core.actor import Role
 from apps.core.errors import Conflict, DomainError, InvalidInput
@@ -59,7 +59,7 @@ def _render(
         "oob_banner": oob_banner,
         **context,
     }
-    template = f"ade/settings/_{tab}_panel.html" if is_htmx(request) else f"ade/settings/{tab}.html"
+    template = f"ade/settings/_{tab}_panel.html" if request.htmx else f"ade/settings/{tab}.html"
     return render(request, template, context, status=status)
 
 
@@ -104,7 +104,7 @@ def providers(request: AdeRequest) -> HttpResponse:
         context = _providers_context(request, form=form, error=exc.message)
         return _render(request, "providers", context, status=422)
     notice = f"Provider '{provider.name}' added: use it in handles such as {provider.name}/<model>."
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, notice)
         return redirect("ade:settings-providers")
     return _render(request, "providers", _providers_context(request, notice=notice), oob_banner=True)
@@ -115,7 +115,7 @@ def providers(request: AdeRequest) -> HttpResponse:
 def provider_delete(request: AdeRequest, provider_id: str) -> HttpResponse:
     provider = llm_services.provider_delete(actor=request.actor, provider_id=provider_id)
     notice = f"Provider '{provider.name}' deleted."
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, notice)
         return redirect("ade:settings-providers")
     return _render(request, "providers", _providers_context(request, notice=notice), oob_banner=True)
@@ -148,7 +148,7 @@ def api_keys(request: AdeRequest) -> HttpResponse:
 def api_key_revoke(request: AdeRequest, api_key_id: str) -> HttpResponse:
     api_key = account_services.api_key_revoke(actor=request.actor, api_key_id=api_key_id)
     notice = f"Key '{api_key.name}' ({api_key.prefix}…) revoked: requests with it are now refused."
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, notice)
         return redirect("ade:settings-api-keys")
     return _render(request, "api_keys", _api_keys_context(request, notice=notice))
@@ -171,7 +171,7 @@ def _members_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
 
 
 def _members_result(request: AdeRequest, notice: str) -> HttpResponse:
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, notice)
         return redirect("ade:settings-members")
     return _render(request, "members", _members_context(request, notice=notice))
@@ -215,7 +215,7 @@ def invitation_revoke(request: AdeRequest, invitation_id: str) -> HttpResponse:
 
 def _after_own_change(request: AdeRequest, membership: Membership, response: HttpResponse) -> HttpResponse:
     """Changing one's own role changes what this page may show: reload it (or leave, when removed)."""
-    if membership.user_id == request.actor.user_id and is_htmx(request):
+    if membership.user_id == request.actor.user_id and request.htmx:
         response["HX-Refresh"] = "true"
     return response
 
@@ -241,7 +241,7 @@ def member_remove(request: AdeRequest, membership_id: int) -> HttpResponse:
     except InvalidInput as exc:
         return _members_error(request, exc)
     if membership.user_id == request.actor.user_id:  # left the organisation: nothing here is theirs now
-        response = HttpResponse(status=204) if is_htmx(request) else redirect("ade:home")
+        response = HttpResponse(status=204) if request.htmx else redirect("ade:home")
         response["HX-Redirect"] = reverse("ade:home")
         return response
     return _members_result(request, f"{membership.user.username} removed from the organization.")

@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
 from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES, starter_template
-from apps.ade.views.base import AdeRequest, ade_view, error_response, is_htmx, refusal_status
+from apps.ade.views.base import AdeRequest, ade_view, error_response, refusal_status
 from apps.agents import agent_file
 from apps.agents import services as agent_services
 from apps.agents.selectors import (
@@ -54,7 +54,7 @@ def _list_context(request: AdeRequest) -> dict[str, Any]:
 @ade_view
 def agent_list(request: AdeRequest) -> HttpResponse:
     context = _list_context(request)
-    if is_htmx(request) and request.headers.get("HX-Target") == "agent-results":
+    if request.htmx and request.headers.get("HX-Target") == "agent-results":
         return render(request, "ade/agents/_results.html", context)
     context["llm_configured"] = llm_configured(actor=request.actor)
     return render(request, "ade/agents/list.html", context)
@@ -191,11 +191,11 @@ def agent_create(request: AdeRequest) -> HttpResponse:
             errors["form"] = exc.message
         else:
             url = reverse("ade:workspace", args=[agent.id])
-            if is_htmx(request):
+            if request.htmx:
                 return HttpResponse(status=204, headers={"HX-Redirect": url})
             return redirect(url)
     context = _create_context(request, form, errors)
-    template_name = "ade/agents/_create_form.html" if is_htmx(request) else "ade/agents/create.html"
+    template_name = "ade/agents/_create_form.html" if request.htmx else "ade/agents/create.html"
     return render(request, template_name, context, status=422)
 
 
@@ -215,7 +215,7 @@ def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
         clone = agent_file.agent_clone(actor=request.actor, agent_id=source.id)
     except DomainError as exc:
         return _error(request, exc.message, status=refusal_status(exc))
-    if not is_htmx(request):
+    if not request.htmx:
         return redirect("ade:workspace", clone.id)
     row = render(request, "ade/agents/_row.html", {"agent": clone, "fresh": True}).content.decode()
     return HttpResponse(row + _flash(request, f"Cloned “{source.name}” as “{clone.name}”."))
@@ -225,10 +225,10 @@ def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
 def agent_delete(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     if request.method != "POST":
-        template = "ade/agents/_delete_confirm.html" if is_htmx(request) else "ade/agents/delete.html"
+        template = "ade/agents/_delete_confirm.html" if request.htmx else "ade/agents/delete.html"
         return render(request, template, {"agent": agent})
     agent_services.agent_delete(actor=request.actor, agent_id=agent.id)
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, f"Deleted “{agent.name}”.")
         return redirect("ade:agent-list")
     return HttpResponse(_flash(request, f"Deleted “{agent.name}”."))
@@ -282,7 +282,7 @@ def agent_import(request: AdeRequest) -> HttpResponse:
         else:
             imported = [agent_get(actor=request.actor, agent_id=i) for i in result.agent_ids]
             refused = result.refused
-    if not is_htmx(request):
+    if not request.htmx:
         if error:
             messages.error(request, error)
         else:

@@ -19,7 +19,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from apps.accounts.selectors import SESSION_ORG_KEY, membership_for
-from apps.ade.views.base import ade_view
+from apps.ade.views.base import AdeRequest, ade_view
 from apps.core.errors import NotFound
 
 
@@ -63,7 +63,7 @@ def _minutes(seconds: int) -> str:
 
 @require_POST
 @ade_view
-def organization_switch(request: HttpRequest) -> HttpResponse:
+def organization_switch(request: AdeRequest) -> HttpResponse:
     organization_id = request.POST.get("organization_id", "")
     try:
         membership = membership_for(user=request.user, organization_id=organization_id)  # type: ignore[arg-type]
@@ -78,7 +78,7 @@ def organization_switch(request: HttpRequest) -> HttpResponse:
     ):
         target = reverse("ade:agent-list")
     response = redirect(target)
-    if request.headers.get("HX-Request"):
+    if request.htmx:
         response = HttpResponse(status=204)
         response["HX-Redirect"] = target
     return response

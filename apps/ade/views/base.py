@@ -13,6 +13,8 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django_htmx.http import reswap, retarget
+from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.selectors import SESSION_ORG_KEY, actor_for_user
 from apps.core.actor import Actor
@@ -21,7 +23,13 @@ from apps.core.errors import DomainError, NotFound, PermissionDenied
 View = Callable[..., HttpResponse]
 
 
-class AdeRequest(HttpRequest):
+class HtmxRequest(HttpRequest):
+    """A request that went through django-htmx's middleware: `request.htmx` is truthy for HTMX requests."""
+
+    htmx: HtmxDetails
+
+
+class AdeRequest(HtmxRequest):
     """The request an `@ade_view` receives (for type hints)."""
 
     actor: Actor
@@ -35,7 +43,7 @@ def ade_view(view: View) -> View:
     """
 
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HtmxRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         try:
@@ -59,18 +67,13 @@ def refusal_status(error: DomainError, default: int = 422) -> int:
     return 403 if isinstance(error, PermissionDenied) else default
 
 
-def error_response(request: HttpRequest, error: DomainError | str, *, status: int = 400) -> HttpResponse:
+def error_response(request: HtmxRequest, error: DomainError | str, *, status: int = 400) -> HttpResponse:
     """A clear message where the action happened: the HTMX target gets an inline error, a full page
     request gets the error page."""
     message = error.message if isinstance(error, DomainError) else error
-    template = "ade/_error.html" if request.headers.get("HX-Request") else "ade/error.html"
+    template = "ade/_error.html" if request.htmx else "ade/error.html"
     response = render(request, template, {"message": message}, status=status)
-    if request.headers.get("HX-Request"):
+    if request.htmx:
         # The message goes to the page's flash slot, not into the panel the action targeted.
-        response["HX-Retarget"] = "#flash"
-        response["HX-Reswap"] = "innerHTML"
+        reswap(retarget(response, "#flash"), "innerHTML")
     return response
-
-
-def is_htmx(request: HttpRequest) -> bool:
-    return bool(request.headers.get("HX-Request"))

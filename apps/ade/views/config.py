@@ -14,6 +14,7 @@ from typing import Any
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import path
+from django_htmx.http import reswap, retarget
 
 from apps.ade.views.agents import handle_picker, picked_handle
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
@@ -354,8 +355,7 @@ def _render_rule_form(request: AdeRequest, context: dict[str, Any], *, status: i
     response = render(request, "ade/workspace/config/_rule_form.html", context, status=status)
     if status >= 400:
         # The form posts to the whole rules section; a refusal re-renders just the form, in place.
-        response["HX-Retarget"] = "#rule-form"
-        response["HX-Reswap"] = "outerHTML"
+        reswap(retarget(response, "#rule-form"), "outerHTML")
     return response
 
 

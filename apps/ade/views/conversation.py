@@ -22,6 +22,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import push_url, reswap, retarget
 
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents.errors import PendingApproval
@@ -291,7 +292,7 @@ def _workspace_url(agent: Agent, conversation: Conversation | None) -> str:
 def _column(request: AdeRequest, agent: Agent, conversation: Conversation | None) -> HttpResponse:
     context = {"agent": agent, **_column_context(request, agent, conversation)}
     response = render(request, "ade/workspace/_conversation.html", context)
-    response["HX-Push-Url"] = _workspace_url(agent, conversation)
+    push_url(response, _workspace_url(agent, conversation))
     return response
 
 
@@ -339,8 +340,7 @@ def conversation_earlier(request: AdeRequest, agent_id: str) -> HttpResponse:
 def _notice(request: AdeRequest, message: str, *, status: int) -> HttpResponse:
     """A refusal shown above the send box (not a toast: it explains what to do next)."""
     response = render(request, "ade/workspace/conversation/_notice.html", {"message": message}, status=status)
-    response["HX-Retarget"] = "#composer-notice"
-    response["HX-Reswap"] = "innerHTML"
+    reswap(retarget(response, "#composer-notice"), "innerHTML")
     return response
 
 

@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.ade.views.agents import handle_picker, picked_handle
-from apps.ade.views.base import AdeRequest, ade_view, is_htmx, refusal_status
+from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent
 from apps.core.errors import DomainError, InvalidInput, NotFound, PermissionDenied
@@ -119,7 +119,7 @@ def folder_create(request: AdeRequest) -> HttpResponse:
         return render(request, "ade/folders/new.html", context, status=refusal_status(exc))
     messages.success(request, f"Folder “{folder.name}” created.")
     url = reverse("ade:folder-detail", args=[folder.id])
-    if is_htmx(request):
+    if request.htmx:
         return HttpResponse(status=204, headers={"HX-Redirect": url})
     return redirect(url)
 
@@ -176,7 +176,7 @@ def folder_file_delete(request: AdeRequest, folder_id: str, file_id: str) -> Htt
     except PermissionDenied as exc:
         context = _files_context(request, folder, error=exc.message)
         return render(request, "ade/folders/_files.html", context, status=403)
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, f"Deleted “{file.file_name}”.")
         return redirect("ade:folder-detail", folder.id)
     context = _files_context(request, folder, notice=f"Deleted “{file.file_name}”.")
@@ -188,11 +188,11 @@ def folder_delete(request: AdeRequest, folder_id: str) -> HttpResponse:
     """GET (HTMX): the list row asks to confirm. POST: delete the folder, its files and their chunks."""
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
     if request.method != "POST":
-        if not is_htmx(request):  # the folder's page has the form that asks
+        if not request.htmx:  # the folder's page has the form that asks
             return redirect("ade:folder-detail", folder.id)
         return render(request, "ade/folders/_delete_confirm.html", {"folder": folder})
     services.folder_delete(actor=request.actor, folder_id=folder.id)  # a refusal: ade_view's 403
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, f"Deleted folder “{folder.name}”.")
         return redirect("ade:folder-list")
     return HttpResponse(_flash(request, f"Deleted folder “{folder.name}”."))
@@ -256,7 +256,7 @@ def folder_upload(request: AdeRequest, folder_id: str) -> HttpResponse:
     with the refusal's status (403, 413, 415, 422); from a plain form: messages and back to the folder.
     `?size=N` with no file only asks whether a file of N bytes may be uploaded."""
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
-    fragment = is_htmx(request) or request.headers.get("X-Requested-With") == "XMLHttpRequest"
+    fragment = request.htmx or request.headers.get("X-Requested-With") == "XMLHttpRequest"
     refused = _size_refusal(request, folder)
     if refused is not None:
         outcomes = [refused]

@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view, is_htmx
+from apps.ade.views.base import AdeRequest, ade_view
 from apps.core.errors import Conflict, InvalidInput, PermissionDenied
 from apps.tools import selectors as tool_selectors
 from apps.tools import services as tool_services
@@ -99,7 +99,7 @@ def tool_list(request: AdeRequest) -> HttpResponse:
         for tool in tool_selectors.tool_list_filtered(actor=actor, **filters).order_by("name")[:500]
     ]
     context = {"tools": tools, "query": query, "kind": kind, "kinds": KINDS}
-    if is_htmx(request) and request.headers.get("HX-Target") == "tool-rows":
+    if request.htmx and request.headers.get("HX-Target") == "tool-rows":
         return render(request, "ade/tools/_rows.html", context)
     return render(request, "ade/tools/list.html", context)
 
@@ -165,7 +165,7 @@ def _save_fields(request: AdeRequest) -> dict[str, Any]:
 
 
 def _save_failed(request: AdeRequest, tool: Tool | None, error: str) -> HttpResponse:
-    if is_htmx(request):
+    if request.htmx:
         return render(request, "ade/tools/_save_status.html", {"error": error, "tool": tool}, status=422)
     fields = {
         "source": request.POST.get("source_code", ""),
@@ -180,7 +180,7 @@ def _save_failed(request: AdeRequest, tool: Tool | None, error: str) -> HttpResp
 
 
 def _redirect(request: AdeRequest, url: str) -> HttpResponse:
-    if is_htmx(request):
+    if request.htmx:
         response = HttpResponse(status=204)
         response["HX-Redirect"] = url
         return response
@@ -208,7 +208,7 @@ def tool_detail(request: AdeRequest, tool_id: str) -> HttpResponse:
         tool = tool_services.tool_update(actor=request.actor, tool_id=tool.id, **_save_fields(request))
     except (InvalidInput, Conflict) as exc:
         return _save_failed(request, tool, exc.message)
-    if not is_htmx(request):
+    if not request.htmx:
         messages.success(request, f"Tool '{tool.name}' saved.")
         return redirect("ade:tool-detail", tool.id)
     return render(request, "ade/tools/_save_status.html", {"tool": tool, "saved": True})
