@@ -14,7 +14,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
 from apps.accounts.models import User
 from apps.agents.errors import AgentNotFound
 from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo, context_breakdown
-from apps.agents.loop.events import NullSink
+from apps.agents.loop.events import NullSink, UsageStatistics
 from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
@@ -621,14 +621,10 @@ def run_stop_reason(run: Run) -> str:
 def run_usage_event(*, actor: Actor, run: Run) -> dict[str, Any]:
     """Letta's usage_statistics message for a run, from its steps."""
     totals = run_usage(actor=actor, run_id=run.id)
-    return {
-        "message_type": "usage_statistics",
-        "prompt_tokens": totals["prompt_tokens"],
-        "completion_tokens": totals["completion_tokens"],
-        "total_tokens": totals["total_tokens"],
-        "step_count": totals["step_count"],
-        "run_ids": [run.id],
-    }
+    prompt, completion, steps = (
+        int(totals[key] or 0) for key in ("prompt_tokens", "completion_tokens", "step_count")
+    )
+    return UsageStatistics(prompt, completion, steps, (run.id,)).event()
 
 
 def run_find_by_otids(*, actor: Actor, agent_id: str, otids: list[str]) -> Run | None:

@@ -2,7 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class UsageStatistics:
+    """Letta's `usage_statistics` message: one builder for the stream's event, a LettaResponse's `usage`
+    and /generate's."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    step_count: int = 0
+    run_ids: tuple[str, ...] | None = None
+
+    def event(self, *, details: bool = False) -> dict[str, Any]:
+        """The message as JSON; `details` adds the fields Letta's LettaUsageStatistics also has, unknown here."""
+        payload: dict[str, Any] = {
+            "message_type": "usage_statistics",
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "step_count": self.step_count,
+            "run_ids": list(self.run_ids) if self.run_ids is not None else None,
+        }
+        if details:
+            payload |= {
+                "cached_input_tokens": None,
+                "cache_write_tokens": None,
+                "reasoning_tokens": None,
+                "context_tokens": None,
+            }
+        return payload
 
 
 class EventSink(Protocol):

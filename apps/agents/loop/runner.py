@@ -44,7 +44,7 @@ from apps.agents.loop.context import (
     with_available_skills,
 )
 from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
-from apps.agents.loop.events import EventSink, NullSink
+from apps.agents.loop.events import EventSink, NullSink, UsageStatistics
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
 from apps.agents.loop.stored_messages import in_context_messages
 from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, StopReason, pack_trace
@@ -108,14 +108,7 @@ class Usage:
     step_count: int = 0
 
     def as_dict(self, run_id: str) -> dict[str, Any]:
-        return {
-            "message_type": "usage_statistics",
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "step_count": self.step_count,
-            "run_ids": [run_id],
-        }
+        return UsageStatistics(self.prompt_tokens, self.completion_tokens, self.step_count, (run_id,)).event()
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.agents.loop.events import UsageStatistics
 from apps.agents.loop.runner import Compaction
 from apps.agents.services import Generation
 
@@ -109,15 +110,5 @@ class GenerateOut(serializers.Serializer):
     usage = serializers.SerializerMethodField()
 
     def get_usage(self, generation: Generation) -> dict[str, Any]:
-        return {
-            "message_type": "usage_statistics",
-            "completion_tokens": generation.completion_tokens,
-            "prompt_tokens": generation.prompt_tokens,
-            "total_tokens": generation.prompt_tokens + generation.completion_tokens,
-            "step_count": 0,  # Letta counts no agent step for it
-            "run_ids": None,
-            "cached_input_tokens": None,
-            "cache_write_tokens": None,
-            "reasoning_tokens": None,
-            "context_tokens": None,
-        }
+        # Letta counts no agent step and no run for it.
+        return UsageStatistics(generation.prompt_tokens, generation.completion_tokens).event(details=True)

@@ -40,6 +40,7 @@ from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.errors import PendingApproval
 from apps.agents.loop.convert import to_letta_messages
+from apps.agents.loop.events import UsageStatistics
 from apps.agents.models import Message, Run
 from apps.api import throttles
 from apps.api.base import OrgApiView
@@ -196,14 +197,7 @@ def letta_response(
 ) -> dict[str, Any]:
     """LettaResponse (letta_api.md 5.1): only what the agent produced in this run."""
     run = collected.run
-    usage = collected.usage or {
-        "message_type": "usage_statistics",
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "total_tokens": 0,
-        "step_count": 0,
-        "run_ids": [run.id],
-    }
+    usage = collected.usage or UsageStatistics(run_ids=(run.id,)).event()
     messages = filter_types(collected.messages, include)
     if include and "user_message" in include:  # asked for: the run's input comes first, as on Letta
         inputs = agent_selectors.run_message_list(actor=actor, run_id=run.id)
