@@ -20,7 +20,7 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.accounts import selectors as account_selectors
 from apps.accounts import services as account_services
@@ -63,6 +63,7 @@ def _render(
     return render(request, template, context, status=status)
 
 
+@require_GET
 @ade_view
 def settings_home(request: AdeRequest) -> HttpResponse:
     return redirect("ade:settings-providers")
@@ -90,6 +91,7 @@ def _providers_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
     }
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def providers(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
@@ -128,6 +130,7 @@ def _api_keys_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
     return {"api_keys": account_selectors.api_key_list_visible(actor=request.actor)[:200], **extra}
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def api_keys(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":

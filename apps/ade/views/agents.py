@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
+from django.views.decorators.http import require_GET, require_http_methods
 
 from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES, starter_template
 from apps.ade.views.base import AdeRequest, ade_view, error_response, refusal_status
@@ -51,6 +52,7 @@ def _list_context(request: AdeRequest) -> dict[str, Any]:
     }
 
 
+@require_GET
 @ade_view
 def agent_list(request: AdeRequest) -> HttpResponse:
     context = _list_context(request)
@@ -60,6 +62,7 @@ def agent_list(request: AdeRequest) -> HttpResponse:
     return render(request, "ade/agents/list.html", context)
 
 
+@require_GET
 @ade_view
 def provider_check(request: AdeRequest) -> HttpResponse:
     """The 'no LLM provider' banner, or nothing: loaded after the page so a slow provider never delays it."""
@@ -68,6 +71,7 @@ def provider_check(request: AdeRequest) -> HttpResponse:
     )
 
 
+@require_GET
 @ade_view
 def agent_row(request: AdeRequest, agent_id: str) -> HttpResponse:
     return render(
@@ -162,6 +166,7 @@ def _validate_create(request: AdeRequest, form: dict[str, str]) -> dict[str, str
     return errors
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def agent_create(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
@@ -206,6 +211,7 @@ def _flash(request: AdeRequest, text: str, level: str = "success") -> str:
     return render(request, "ade/agents/_flash_oob.html", {"text": text, "level": level}).content.decode()
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
     if request.method != "POST":
@@ -221,6 +227,7 @@ def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
     return HttpResponse(row + _flash(request, f"Cloned “{source.name}” as “{clone.name}”."))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def agent_delete(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
@@ -245,6 +252,7 @@ def _file_name(name: str) -> str:
     return (re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "agent") + ".af"
 
 
+@require_GET
 @ade_view
 def agent_export(request: AdeRequest, agent_id: str) -> HttpResponse:
     """The agent as a Letta Agent File: secrets leave with their keys only, never their values."""
@@ -257,6 +265,7 @@ def agent_export(request: AdeRequest, agent_id: str) -> HttpResponse:
     return response
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def agent_import(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":

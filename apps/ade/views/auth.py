@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.selectors import SESSION_ORG_KEY, membership_for
 from apps.ade.views.base import AdeRequest, ade_view
@@ -26,6 +26,7 @@ from apps.core.errors import NotFound
 class LoginView(auth_views.LoginView):
     template_name = "ade/auth/login.html"
     redirect_authenticated_user = True
+    http_method_names = ["get", "post", "head", "options"]  # a FormView would treat PUT as POST
 
 
 def lockout_response(
@@ -84,6 +85,7 @@ def organization_switch(request: AdeRequest) -> HttpResponse:
     return response
 
 
+@require_GET
 @ade_view
 def home(request: HttpRequest) -> HttpResponse:
     return redirect("ade:agent-list")

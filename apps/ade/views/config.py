@@ -14,6 +14,7 @@ from typing import Any
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import path
+from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import reswap, retarget
 
 from apps.ade.views.agents import handle_picker, picked_handle
@@ -158,6 +159,7 @@ def _parse_number(text: str, kind: type[int] | type[float], message: str) -> Any
         raise InvalidInput(message) from None
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_field(request: AdeRequest, agent_id: str, key: str) -> HttpResponse:
     if key not in FIELDS:
@@ -214,11 +216,13 @@ def _render_tools(request: AdeRequest, agent: Agent, *, error: str = "", status:
     return render(request, "ade/workspace/config/_tools.html", context, status=status)
 
 
+@require_GET
 @ade_view
 def config_tools(request: AdeRequest, agent_id: str) -> HttpResponse:
     return _render_tools(request, agent_get(actor=request.actor, agent_id=agent_id))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_tool_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
@@ -239,6 +243,7 @@ def config_tool_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     return _changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_tool_detach(request: AdeRequest, agent_id: str, tool_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
@@ -401,11 +406,13 @@ def _friendly(message: str, index: int) -> str:
     return message.replace(f"tool_rules[{index}] ", "This rule ").replace(f"tool_rules[{index}]", "this rule")
 
 
+@require_GET
 @ade_view
 def config_rules(request: AdeRequest, agent_id: str) -> HttpResponse:
     return _render_rules(request, agent_get(actor=request.actor, agent_id=agent_id))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_rule_new(request: AdeRequest, agent_id: str) -> HttpResponse:
     """GET: the empty form for `?type=`; POST: add the rule."""
@@ -422,6 +429,7 @@ def config_rule_new(request: AdeRequest, agent_id: str) -> HttpResponse:
     return _save_rule(request, agent, rule_type, index=None)
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_rule_edit(request: AdeRequest, agent_id: str, index: int) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
@@ -457,6 +465,7 @@ def _save_rule(request: AdeRequest, agent: Agent, rule_type: str, *, index: int 
     return _changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_rule_delete(request: AdeRequest, agent_id: str, index: int) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
@@ -485,6 +494,7 @@ def _sleeptime_context(
     }
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def config_sleeptime(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)

@@ -23,7 +23,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.ade.views.agents import handle_picker, picked_handle
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
@@ -60,15 +60,15 @@ def _flash(request: AdeRequest, text: str, level: str = "success") -> str:
 # --- the list ----------------------------------------------------------------------------------------------
 
 
-@ade_view
 @require_GET
+@ade_view
 def folder_list(request: AdeRequest) -> HttpResponse:
     folders = list(selectors.folder_list_with_usage(actor=request.actor))
     return render(request, "ade/folders/list.html", {"folders": folders})
 
 
-@ade_view
 @require_GET
+@ade_view
 def folder_row(request: AdeRequest, folder_id: str) -> HttpResponse:
     """One row of the list (what a cancelled delete puts back)."""
     folder = selectors.folder_list_with_usage(actor=request.actor).filter(id=folder_id).first()
@@ -97,6 +97,7 @@ def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str,
     return {"form": form, "errors": errors, "embedding_picker": picker}
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def folder_create(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
@@ -143,8 +144,8 @@ def _files_context(request: AdeRequest, folder: Folder, **extra: Any) -> dict[st
     return context | extra
 
 
-@ade_view
 @require_GET
+@ade_view
 def folder_detail(request: AdeRequest, folder_id: str) -> HttpResponse:
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
     context = _files_context(request, folder)
@@ -158,16 +159,16 @@ def folder_detail(request: AdeRequest, folder_id: str) -> HttpResponse:
     return render(request, "ade/folders/detail.html", context)
 
 
-@ade_view
 @require_GET
+@ade_view
 def folder_files(request: AdeRequest, folder_id: str) -> HttpResponse:
     """The files table: the page polls it while a file is still being ingested."""
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
     return render(request, "ade/folders/_files.html", _files_context(request, folder))
 
 
-@ade_view
 @require_POST
+@ade_view
 def folder_file_delete(request: AdeRequest, folder_id: str, file_id: str) -> HttpResponse:
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
     file = selectors.file_get(actor=request.actor, file_id=file_id, folder_id=folder.id)
@@ -183,6 +184,7 @@ def folder_file_delete(request: AdeRequest, folder_id: str, file_id: str) -> Htt
     return render(request, "ade/folders/_files.html", context)
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def folder_delete(request: AdeRequest, folder_id: str) -> HttpResponse:
     """GET (HTMX): the list row asks to confirm. POST: delete the folder, its files and their chunks."""
@@ -249,8 +251,8 @@ def _size_refusal(request: AdeRequest, folder: Folder) -> Uploaded | None:
     return None
 
 
-@ade_view
 @require_POST
+@ade_view
 def folder_upload(request: AdeRequest, folder_id: str) -> HttpResponse:
     """POST `file` (one or several). From folders.js (X-Requested-With) or HTMX: the outcome as a fragment,
     with the refusal's status (403, 413, 415, 422); from a plain form: messages and back to the folder.
@@ -344,15 +346,15 @@ def _changed(response: HttpResponse) -> HttpResponse:
     return response
 
 
-@ade_view
 @require_GET
+@ade_view
 def agent_folders_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     return _render_panel(request, agent)
 
 
-@ade_view
 @require_POST
+@ade_view
 def agent_folder_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     folder_id = request.POST.get("folder", "").strip()
@@ -367,8 +369,8 @@ def agent_folder_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     return _changed(_render_panel(request, agent, notice=notice, tools_changed=True))
 
 
-@ade_view
 @require_POST
+@ade_view
 def agent_folder_detach(request: AdeRequest, agent_id: str, folder_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
@@ -380,8 +382,8 @@ def agent_folder_detach(request: AdeRequest, agent_id: str, folder_id: str) -> H
     return _changed(_render_panel(request, agent, notice=notice, tools_changed=True))
 
 
-@ade_view
 @require_POST
+@ade_view
 def agent_file_open(request: AdeRequest, agent_id: str, file_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     try:
@@ -392,8 +394,8 @@ def agent_file_open(request: AdeRequest, agent_id: str, file_id: str) -> HttpRes
     return _changed(_render_panel(request, agent, notice=notice))
 
 
-@ade_view
 @require_POST
+@ade_view
 def agent_file_close(request: AdeRequest, agent_id: str, file_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     try:
@@ -403,8 +405,8 @@ def agent_file_close(request: AdeRequest, agent_id: str, file_id: str) -> HttpRe
     return _changed(_render_panel(request, agent))
 
 
-@ade_view
 @require_POST
+@ade_view
 def agent_files_close_all(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     try:

@@ -19,7 +19,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import path
 from django.utils.timesince import timesince
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
 from apps.agents import recall
@@ -68,8 +68,8 @@ def _conversation_id(request: AdeRequest) -> str | None:
 # --- context window ---------------------------------------------------------------------------------------
 
 
-@ade_view
 @require_GET
+@ade_view
 def context_window(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     return render(
@@ -125,8 +125,8 @@ def _context_view(actor: Actor, agent_id: str, conversation_id: str | None) -> d
 # --- core memory blocks -----------------------------------------------------------------------------------
 
 
-@ade_view
 @require_GET
+@ade_view
 def block_list(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
     return render(
@@ -136,8 +136,8 @@ def block_list(request: AdeRequest, agent_id: str) -> HttpResponse:
     )
 
 
-@ade_view
 @require_POST
+@ade_view
 def block_save(request: AdeRequest, agent_id: str, block_id: str) -> HttpResponse:
     """A person's edit of a block's value, compare-and-set on the version the editor was showing."""
     actor = request.actor
@@ -168,8 +168,8 @@ def block_save(request: AdeRequest, agent_id: str, block_id: str) -> HttpRespons
     return response
 
 
-@ade_view
 @require_GET
+@ade_view
 def block_history(request: AdeRequest, agent_id: str, block_id: str) -> HttpResponse:
     block = _agent_block(request.actor, agent_id, block_id)
     return render(
@@ -179,8 +179,8 @@ def block_history(request: AdeRequest, agent_id: str, block_id: str) -> HttpResp
     )
 
 
-@ade_view
 @require_POST
+@ade_view
 def block_restore(request: AdeRequest, agent_id: str, block_id: str, history_id: str) -> HttpResponse:
     """Put the block back to the value it had after one history entry (recorded as a new version)."""
     actor = request.actor
@@ -289,6 +289,7 @@ def value_diff(before: str, after: str, *, context: int = 2) -> list[tuple[str, 
 # --- archival memory --------------------------------------------------------------------------------------
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def archival_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
     """GET: the passages (semantic search with `q`, a tag filter, pages). POST: store a passage."""
@@ -304,8 +305,8 @@ def archival_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
     return render(request, template, _archival_context(request, agent))
 
 
-@ade_view
 @require_POST
+@ade_view
 def passage_delete(request: AdeRequest, agent_id: str, passage_id: str) -> HttpResponse:
     actor = request.actor
     agent = agent_selectors.agent_get(actor=actor, agent_id=agent_id)
@@ -389,8 +390,8 @@ def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -
 # --- recall memory ----------------------------------------------------------------------------------------
 
 
-@ade_view
 @require_GET
+@ade_view
 def recall_search(request: AdeRequest, agent_id: str) -> HttpResponse:
     """Search the messages of the conversation on screen with the conversation_search tool's own ranking
     (keywords and meaning)."""

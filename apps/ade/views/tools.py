@@ -16,7 +16,7 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.ade.views.base import AdeRequest, ade_view
 from apps.core.errors import Conflict, InvalidInput, PermissionDenied
@@ -83,6 +83,7 @@ def sample_args(schema: dict[str, Any] | None) -> str:
 # --- the list --------------------------------------------------------------------------------------
 
 
+@require_GET
 @ade_view
 def tool_list(request: AdeRequest) -> HttpResponse:
     actor = request.actor
@@ -187,6 +188,7 @@ def _redirect(request: AdeRequest, url: str) -> HttpResponse:
     return redirect(url)
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def tool_new(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
@@ -199,6 +201,7 @@ def tool_new(request: AdeRequest) -> HttpResponse:
     return _redirect(request, reverse("ade:tool-detail", args=[tool.id]))
 
 
+@require_http_methods(["GET", "POST"])
 @ade_view
 def tool_detail(request: AdeRequest, tool_id: str) -> HttpResponse:
     tool = tool_selectors.tool_get(actor=request.actor, tool_id=tool_id)

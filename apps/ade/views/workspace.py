@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import path
+from django.views.decorators.http import require_GET
 
 from apps.ade.views import config, conversation, folders, memory
 from apps.ade.views.base import AdeRequest, ade_view
@@ -18,6 +19,7 @@ from apps.agents.selectors import agent_state_get
 from apps.llm.selectors import llm_configured
 
 
+@require_GET
 @ade_view
 def agent_workspace(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_state_get(actor=request.actor, agent_id=agent_id)
