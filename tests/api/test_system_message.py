@@ -14,10 +14,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.agents.models import Agent, Message
+from apps.agents.system_messages import thread_system_message_id
 from apps.core.actor import Actor
 from apps.memory.models import Block
 from tests.api.test_agent_file import import_file
 from tests.api.test_messages_api import new_agent, send, user
+from tests.support.migrations import migrated_from
 from tests.support.scripted_llm import text, tool_call, tool_calls
 
 worker = pytest.mark.django_db(transaction=True)
@@ -229,3 +231,30 @@ def test_changing_the_system_prompt_rewrites_the_stored_system_message(client, a
     system = listed(client, f"/v1/agents/{agent.id}/messages")[0]
     assert system["content"].startswith("You are verbose.")
     assert system["id"] == response.json()["message_ids"][0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_gives_existing_threads_a_system_message_that_the_next_run_compiles(
+    client, actor, llm, celery_worker
+):
+    agent = new_agent(actor, system="You are an old agent.")
+    with migrated_from([("agents", "0009_links_same_organization")]) as (old_apps, forward):
+        # As before 0010: no stored system messages at all.
+        old_apps.get_model("agents", "Message")._default_manager.filter(sequence_id__lt=0).delete()
+        conversation = old_apps.get_model("agents", "Conversation")._default_manager.create(
+            organization_id=actor.organization_id, agent_id=agent.id
+        )
+        forward()
+
+    default = listed(client, f"/v1/agents/{agent.id}/messages")
+    threaded = listed(client, f"/v1/conversations/{conversation.id}/messages")
+    assert [m["content"] for m in default] == ["You are an old agent."]  # the prompt as written, for now
+    assert [m["id"] for m in threaded] == [thread_system_message_id(agent.id, conversation.id)]
+    assert Agent.objects.for_actor(actor).get(id=agent.id).message_count == 0
+
+    llm.push(text("Hello again."))
+    assert send(client, agent.id, user("hi")).status_code == 200
+
+    compiled = listed(client, f"/v1/agents/{agent.id}/messages")[0]["content"]
+    assert compiled.startswith("You are an old agent.")
+    assert f"- AGENT_ID: {agent.id}" in compiled

@@ -14,15 +14,17 @@ from django.db.migrations.executor import MigrationExecutor
 @contextmanager
 def migrated_from(
     before: list[tuple[str, str]],
-) -> Iterator[tuple[Apps, Callable[[list[tuple[str, str]]], None]]]:
-    """Yields (the models as of `before`, a function that migrates forward to a target)."""
+) -> Iterator[tuple[Apps, Callable[..., None]]]:
+    """Yields (the models as of `before`, a function that migrates forward to a target, or to the latest
+    migrations when given none)."""
     executor = MigrationExecutor(connection)
     latest = executor.loader.graph.leaf_nodes()
     executor.migrate(before)
 
-    def forward(target: list[tuple[str, str]]) -> None:
+    def forward(target: list[tuple[str, str]] | None = None) -> None:
+        """Migrate to `target`; None: to the latest migrations, where the current models can read."""
         step = MigrationExecutor(connection)
-        step.migrate(target)
+        step.migrate(latest if target is None else target)
 
     try:
         yield executor.loader.project_state(before).apps, forward
