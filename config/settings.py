@@ -278,6 +278,8 @@ MAX_STEPS_LIMIT = env.int("MAX_STEPS_LIMIT", default=100)
 FOLDER_FILE_MAX_BYTES = env.int("FOLDER_FILE_MAX_BYTES", default=25 * 1024 * 1024)
 FOLDER_STORAGE_QUOTA_BYTES = env.int("FOLDER_STORAGE_QUOTA_BYTES", default=1024 * 1024 * 1024)
 FOLDER_PARSE_TIMEOUT = env.float("FOLDER_PARSE_TIMEOUT", default=60.0)
+# A file still waiting for its ingestion task this long (the broker lost it) gets the task again.
+FOLDER_REQUEUE_AFTER = env.float("FOLDER_REQUEUE_AFTER", default=300.0)
 # HTML, PDF and DOCX are parsed in the local jail (apps/folders/isolation.py); where none can be made:
 # "jail" fails those files with a reason, "process" parses them in a plain child process (weaker).
 FOLDER_PARSE_ISOLATION = env.str("FOLDER_PARSE_ISOLATION", default="jail")

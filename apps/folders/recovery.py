@@ -10,15 +10,21 @@ as apps.agents.recovery fails a run whose worker died. A worker that comes back 
 longer than its lease) finds the file failed and stops without writing.
 
 An imported file waiting for its index task (`parsing`, no upload stored) is not taken yet and is left
-alone.
+alone by that. A file whose task never arrives (a broker that lost the message: Redis restarted without
+its data) would wait for ever: `requeue_waiting_files` sends the task again for an upload still
+`pending`, or an import still waiting, FOLDER_REQUEUE_AFTER seconds after it was queued, with no worker
+holding it; both tasks are idempotent, so a late original is a no-op.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from apps.folders.models import FileChunk, FileContent, FileMetadata, FileStatus
 from apps.streams.redis_client import get_redis
@@ -82,3 +88,40 @@ def fail_interrupted_files() -> list[str]:
             logger.warning("folders.ingest_orphaned", extra={"file_id": file_id})
             failed.append(file_id)
     return failed
+
+
+def requeue_waiting_files() -> list[str]:
+    """Send again the task of each file that has waited for it longer than FOLDER_REQUEUE_AFTER with no
+    worker on it: `folders.ingest_file` for a pending upload, `folders.index_file` for an imported file.
+    Each is sent at most once per FOLDER_REQUEUE_AFTER (its `updated_at` is moved). Returns their ids."""
+    from apps.folders.services import enqueue_indexing, enqueue_ingestion  # above recovery
+
+    cutoff = timezone.now() - timedelta(seconds=float(settings.FOLDER_REQUEUE_AFTER))
+    waiting = (
+        FileMetadata.objects.unscoped()
+        .filter(updated_at__lt=cutoff)
+        .filter(
+            Q(processing_status=FileStatus.PENDING)
+            | Q(processing_status=FileStatus.PARSING, content__raw__isnull=True)
+        )
+        .values_list("id", "processing_status")
+    )
+    rows = list(waiting)
+    if not rows:
+        return []
+    held = get_redis().mget([lease_key(file_id) for file_id, _ in rows])
+    requeued = []
+    for (file_id, status), lease in zip(rows, held, strict=True):
+        if lease is not None:
+            continue
+        moved = (
+            FileMetadata.objects.unscoped()
+            .filter(id=file_id, processing_status=status, updated_at__lt=cutoff)
+            .update(updated_at=timezone.now())
+        )
+        if not moved:  # taken or changed meanwhile
+            continue
+        (enqueue_ingestion if status == FileStatus.PENDING else enqueue_indexing)(file_id)
+        logger.warning("folders.ingest_requeued", extra={"file_id": file_id, "status": status})
+        requeued.append(file_id)
+    return requeued

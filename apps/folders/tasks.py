@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from apps.folders.ingest import index_file, ingest_file
-from apps.folders.recovery import fail_interrupted_files
+from apps.folders.recovery import fail_interrupted_files, requeue_waiting_files
 
 
 @shared_task(name="folders.ingest_file", acks_late=True, reject_on_worker_lost=True, time_limit=3600)
@@ -22,5 +22,7 @@ def index_file_task(file_id: str) -> None:
 
 @shared_task(name="folders.recover_files", acks_late=True, time_limit=120)
 def recover_files_task() -> None:
-    """Periodic (beat): fail the files whose ingesting worker died (apps.folders.recovery)."""
+    """Periodic (beat): fail the files whose ingesting worker died, and queue again the files whose task
+    never arrived (apps.folders.recovery)."""
     fail_interrupted_files()
+    requeue_waiting_files()

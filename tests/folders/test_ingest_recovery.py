@@ -1,13 +1,17 @@
 """A worker that dies while it ingests a file: the file ends as `error` saying so, with nothing of it
 indexed, instead of showing `parsing` or `embedding` for ever; a live worker is left alone, and a
-worker that comes back after its file was failed writes nothing."""
+worker that comes back after its file was failed writes nothing. A file whose task was lost is queued
+again."""
 
 from __future__ import annotations
 
 import threading
+import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from apps.folders import ingest, recovery, services
 from apps.folders.models import FileChunk, FileContent, FileMetadata, FileStatus
@@ -19,12 +23,12 @@ from tests.folders.conftest import EMBEDDING
 worker_threads = pytest.mark.django_db(transaction=True)
 
 
-def stored_file(actor, folder, text: bytes = documents.TEXT) -> FileMetadata:
+def stored_file(actor, folder, text: bytes = documents.TEXT, name: str = "notes.txt") -> FileMetadata:
     """A pending upload, stored as file_upload stores one, with no task sent for it."""
     file = FileMetadata.objects.for_actor(actor).create(
         folder=folder,
-        file_name="notes.txt",
-        original_file_name="notes.txt",
+        file_name=name,
+        original_file_name=name,
         file_type="text/plain",
         file_size=len(text),
         processing_status=FileStatus.PENDING,
@@ -145,3 +149,59 @@ def test_a_second_worker_given_the_same_file_leaves_it_to_the_first(actor, folde
 
     assert status_of(file) == ("pending", "")
     assert get_redis().exists(recovery.lease_key(file.id))  # the first one's lease is untouched
+
+
+def waited(file: FileMetadata, seconds: float) -> None:
+    """As if the file had been waiting for its task for `seconds`."""
+    FileMetadata.objects.unscoped().filter(id=file.id).update(
+        updated_at=timezone.now() - timedelta(seconds=seconds)
+    )
+
+
+def wait_for_status(file: FileMetadata, wanted: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while (status := status_of(file)[0]) != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status
+
+
+@worker_threads
+def test_a_file_whose_task_was_lost_is_queued_again_and_ingested(actor, folder, celery_worker, settings):
+    settings.FOLDER_REQUEUE_AFTER = 300
+    lost = stored_file(actor, folder)  # stored, and its task never reached a worker
+    waited(lost, 301)
+    fresh = stored_file(actor, folder, name="fresh.txt")  # its task may still be on its way
+    waited(fresh, 30)
+
+    requeued = recovery.requeue_waiting_files()
+
+    assert requeued == [lost.id]
+    assert wait_for_status(lost, "completed") == "completed"
+    assert FileChunk.objects.unscoped().filter(file_id=lost.id).exists()
+    assert status_of(fresh) == ("pending", "")
+    assert recovery.requeue_waiting_files() == []  # sent once per FOLDER_REQUEUE_AFTER, not every tick
+
+
+@worker_threads
+def test_an_imported_file_whose_index_task_was_lost_is_indexed_and_a_held_one_is_left_alone(
+    actor, folder, celery_worker, settings
+):
+    settings.FOLDER_REQUEUE_AFTER = 300
+    imported = FileMetadata.objects.for_actor(actor).create(
+        folder=folder,
+        file_name="imported.txt",
+        original_file_name="imported.txt",
+        file_type="text/plain",
+        file_size=5,
+        processing_status=FileStatus.PARSING,
+    )
+    FileContent.objects.for_actor(actor).create(file=imported, text="hello from an agent file")
+    waited(imported, 400)
+    held = stored_file(actor, folder, name="held.txt")
+    waited(held, 400)
+    assert recovery.take_lease(held.id)  # a worker has it, between its lease and its claim
+
+    recover_files_task()
+
+    assert wait_for_status(imported, "completed") == "completed"
+    assert status_of(held) == ("pending", "")
