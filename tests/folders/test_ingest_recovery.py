@@ -37,6 +37,20 @@ def stored_file(actor, folder, text: bytes = documents.TEXT, name: str = "notes.
     return file
 
 
+def imported_file(actor, folder, text: str) -> FileMetadata:
+    """A file of an imported agent file: its text stored, waiting for its index task."""
+    file = FileMetadata.objects.for_actor(actor).create(
+        folder=folder,
+        file_name="imported.txt",
+        original_file_name="imported.txt",
+        file_type="text/plain",
+        file_size=len(text),
+        processing_status=FileStatus.PARSING,
+    )
+    FileContent.objects.for_actor(actor).create(file=file, text=text)
+    return file
+
+
 def status_of(file: FileMetadata) -> tuple[str, str]:
     file.refresh_from_db()
     return file.processing_status, file.error_message
@@ -127,15 +141,7 @@ def test_a_worker_that_comes_back_after_its_file_was_failed_writes_nothing(actor
 
 
 def test_an_imported_file_waiting_for_its_index_task_is_not_taken_for_lost(actor, folder):
-    file = FileMetadata.objects.for_actor(actor).create(
-        folder=folder,
-        file_name="imported.txt",
-        original_file_name="imported.txt",
-        file_type="text/plain",
-        file_size=5,
-        processing_status=FileStatus.PARSING,
-    )
-    FileContent.objects.for_actor(actor).create(file=file, text="hello")
+    file = imported_file(actor, folder, "hello")
 
     assert recovery.fail_interrupted_files() == []
     assert status_of(file) == ("parsing", "")
@@ -187,15 +193,7 @@ def test_an_imported_file_whose_index_task_was_lost_is_indexed_and_a_held_one_is
     actor, folder, celery_worker, settings
 ):
     settings.FOLDER_REQUEUE_AFTER = 300
-    imported = FileMetadata.objects.for_actor(actor).create(
-        folder=folder,
-        file_name="imported.txt",
-        original_file_name="imported.txt",
-        file_type="text/plain",
-        file_size=5,
-        processing_status=FileStatus.PARSING,
-    )
-    FileContent.objects.for_actor(actor).create(file=imported, text="hello from an agent file")
+    imported = imported_file(actor, folder, "hello from an agent file")
     waited(imported, 400)
     held = stored_file(actor, folder, name="held.txt")
     waited(held, 400)
