@@ -162,7 +162,7 @@ def validate_config_fields(sandbox_type: str, fields: dict[str, Any]) -> dict[st
             requirements = _requirements(value)
             if local and requirements:
                 raise SandboxFieldInvalid(
-                    field, "the local jail runs the standard library only: use a Docker sandbox config"
+                    field, "the local jail installs no packages: use a Docker sandbox config"
                 )
             values[field] = requirements
     return values

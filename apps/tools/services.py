@@ -278,10 +278,6 @@ def tool_upsert(
     name = schema["name"]
     _refuse_builtin(name)
     _check_return_limit(return_char_limit)
-    current = (
-        Tool.objects.for_actor(actor).filter(name=name).values_list("pip_requirements", flat=True).first()
-    )
-    _check_pip_requirements(actor, pip_requirements, current)
     given = {
         "description": description,
         "tags": tags,
@@ -303,6 +299,7 @@ def tool_upsert(
     }
     tools = Tool.objects.for_actor(actor)
     existing = tools.select_for_update().filter(name=name).first()
+    _check_pip_requirements(actor, pip_requirements, existing.pip_requirements if existing else None)
     if existing is None:
         fields.setdefault("description", schema.get("description", ""))
         try:

@@ -6,7 +6,7 @@ as another name for it) and `local` (the bubblewrap jail). A config's settings, 
 
     docker: image (Letta's E2B `template` is accepted too), pip_requirements, network_enabled, memory_mb,
             cpus, pids_limit, timeout (seconds)
-    local:  pip_requirements (empty: the jail runs the standard library only), memory_mb, pids_limit, timeout
+    local:  pip_requirements (empty: the jail installs no packages), memory_mb, pids_limit, timeout
 
 Letta's host-side settings of its local sandbox (`sandbox_dir`, `use_venv`, `venv_name`) have no meaning
 in a jail and are refused like any unknown setting, with a 422 naming the field.
