@@ -3,7 +3,7 @@
 - SQL statements per turn and per step: `run_create` + `execute_run_streamed` (what the API and a
   worker do for one turn) under Django's query capture, for a one-step and a two-step turn.
 - Context compilation for an agent with 10 memory blocks and 200 in-context messages: loading the
-  run's state (`_load_state`) and compiling the request (`_prepare_request`: system message, tool
+  run's state (`load_state`) and compiling the request (`prepare_request`: system message, tool
   schemas, messages, token budget), cold (first step of a run: every message is tokenised) and warm
   (later steps of the same run).
 - Optionally a pyinstrument profile of a worker's turn (`--profile`), written to bench/results/.
@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from apps.agents.loop import runner
 from apps.agents.loop.events import NullSink
+from apps.agents.loop.state import load_state
 from apps.agents.models import Agent, Message, Run
 from apps.agents.services import BlockSpec, MessageIn, agent_create, run_create
 from apps.core.actor import Actor
@@ -109,11 +110,11 @@ def context_compilation(
         load_s, cold_s, warm_s = [], [], []
         for _ in range(per_run):
             started = time.perf_counter()
-            state = runner._load_state(run, NullSink())
+            state = load_state(run, NullSink())
             loaded = time.perf_counter()
-            request = runner._prepare_request(state)
+            request = runner.prepare_request(state)
             compiled = time.perf_counter()
-            runner._prepare_request(state)
+            runner.prepare_request(state)
             warm_done = time.perf_counter()
             load_s.append((loaded - started) * 1000)
             cold_s.append((compiled - loaded) * 1000)
@@ -173,7 +174,7 @@ def load_state_ms(actor: Actor, agent_id: str, *, repeat: int = 10) -> float:
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
-        runner._load_state(run, NullSink())
+        load_state(run, NullSink())
         samples.append((time.perf_counter() - started) * 1000)
     return round(percentile(samples, 50), 2)
 

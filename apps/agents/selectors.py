@@ -744,15 +744,16 @@ def agent_context_overview(
     """What the agent's next LLM request would hold: system prompt, memory blocks, tool rules, memory
     metadata, summary, tool schemas and in-context messages, each in tokens, against its context window.
 
-    Built from the loop's own code so it cannot drift from what is sent: the runner loads the state (blocks,
-    tools, rules, in-context messages, memory statistics) and counts messages and schemas as it does before
-    each call; apps.agents.loop.context compiles the system message and budget.context_breakdown splits it.
+    Built from the loop's own code so it cannot drift from what is sent: apps.agents.loop.state loads the
+    state (blocks, tools, rules, in-context messages, memory statistics) and counts messages and schemas
+    as the runner does before each call; apps.agents.loop.context compiles the system message and
+    budget.context_breakdown splits it.
     Raises AgentNotFound (and NotFound for a conversation of another agent). A model handle that cannot be
     resolved gives an overview with `error` set instead of raising.
     """
-    # The runner sits above the selectors (imported lazily); only its read-only loading and counting
-    # helpers are used, the very ones it calls before each LLM request.
-    from apps.agents.loop import runner
+    # The loop's state module sits above the selectors (imported lazily): the very loading and counting
+    # functions the runner calls before each LLM request.
+    from apps.agents.loop import state as loop_state
 
     agent = agent_get(actor=actor, agent_id=agent_id)
     if conversation_id is not None:
@@ -764,17 +765,17 @@ def agent_context_overview(
         request_config={},
     )
     try:
-        state = runner._load_state(probe, NullSink(), keep_messages=False)  # the web process keeps none
-    except runner.StopRun as exc:
+        state = loop_state.load_state(probe, NullSink(), keep_messages=False)  # the web process keeps none
+    except loop_state.StopRun as exc:
         return ContextOverview(model=agent.model, breakdown=None, error=exc.error or exc.reason)
 
-    sections = runner.system_sections(state)
+    sections = loop_state.system_sections(state)
     model = state.target.litellm_model
-    allowed = state.solver.allowed_tools(list(runner._available_tool_names(state)))
-    schemas = runner._tool_schemas(state, allowed)
+    allowed = state.solver.allowed_tools(list(loop_state.available_tool_names(state)))
+    schemas = loop_state.tool_schemas(state, allowed)
     infos = [
         MessageInfo(id=message.id, role=message.role, tokens=tokens)
-        for message, tokens in zip(state.in_context, runner._message_tokens(state), strict=True)
+        for message, tokens in zip(state.in_context, loop_state.in_context_tokens(state), strict=True)
     ]
     summary_id = next((m.id for m in state.in_context if m.role == Message.Role.SUMMARY), None)
     breakdown = context_breakdown(
@@ -849,7 +850,7 @@ def thread_system_message(*, actor: Actor, agent_id: str, conversation_id: str |
     current memory (the loop compiles it afresh for every call, so nothing stored can be stale). Raises
     AgentNotFound, NotFound (a conversation of another agent), InvalidInput when the agent's model cannot
     be used (the prompt depends on its provider)."""
-    from apps.agents.loop import runner  # above the selectors, as in agent_context_overview
+    from apps.agents.loop import state as loop_state  # above the selectors, as in agent_context_overview
 
     _require_agent(actor=actor, agent_id=agent_id)
     if conversation_id is not None:
@@ -861,10 +862,10 @@ def thread_system_message(*, actor: Actor, agent_id: str, conversation_id: str |
         request_config={},
     )
     try:
-        state = runner._load_state(probe, NullSink(), keep_messages=False)
-    except runner.StopRun as exc:
+        state = loop_state.load_state(probe, NullSink(), keep_messages=False)
+    except loop_state.StopRun as exc:
         raise InvalidInput(exc.error or exc.reason) from exc
-    return runner.system_sections(state).render()
+    return loop_state.system_sections(state).render()
 
 
 def thread_run_list(

@@ -90,7 +90,7 @@ def test_a_stream_that_fails_midway_says_so_without_the_exception(
     assert events[-1] == (None, "[DONE]")
 
 
-@pytest.mark.parametrize("where", ["_load_state", "_loop"])
+@pytest.mark.parametrize("where", ["load_state", "_loop"])
 def test_a_crashed_run_records_a_plain_error_with_an_error_id(
     where, make_agent, send, llm, monkeypatch, caplog
 ):

@@ -5,12 +5,13 @@ A run is driven by `execute_run(run_id)`:
   2. load the agent once: blocks, tools, rules, in-context messages, memory statistics;
   3. if the run resumes a pending approval, settle those tool calls first;
   4. step: compile the context, keep it inside the window (warn, compact), call the LLM once,
-     execute the tool calls it returned, persist the step in one transaction, and continue while
+     execute the tool calls it returned, persist the step in one statement, and continue while
      the model keeps calling tools; stop on a reply without tool calls, a terminal rule, an
      approval request, max_steps, cancellation, the run's deadline (RUN_DEADLINE) or an error;
   5. finish the run with its stop reason and usage.
-Decisions (rules, budget, compaction choice, rendering) are pure code in this package; this module
-does the I/O. No database lock is held across an LLM call.
+Decisions (rules, budget, compaction choice, rendering) are pure code in this package; what a run
+works on and how it is loaded is in `state`, every read and write of the run's storage in `store`; this
+module drives the steps and makes the calls. No database lock is held across an LLM call.
 """
 
 from __future__ import annotations
@@ -26,35 +27,37 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.agents import context_sections
 from apps.agents.custom_tools import run_custom_tool
 from apps.agents.locks import conversation_lock
 from apps.agents.loop import budget as budgeting
-from apps.agents.loop.context import (
-    BlockSnapshot,
-    MemoryStats,
-    SystemSections,
-    ThreadIds,
-    build_llm_messages,
-    compile_system_sections,
-    render_available_skills,
-    with_available_skills,
-)
-from apps.agents.loop.convert import send_message_text, to_letta_messages, to_llm_messages
-from apps.agents.loop.events import EventSink, NullSink, UsageStatistics
+from apps.agents.loop import store
+from apps.agents.loop.context import build_llm_messages, render_available_skills, with_available_skills
+from apps.agents.loop.convert import send_message_text, to_letta_messages
+from apps.agents.loop.events import EventSink, NullSink
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
-from apps.agents.loop.stored_messages import in_context_messages
-from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, StopReason, pack_trace
-from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT, SUMMARIZER_PROMPT
+from apps.agents.loop.state import (
+    LoopState,
+    StopRun,
+    Usage,
+    available_tool_names,
+    in_context_tokens,
+    llm_form,
+    load_state,
+    memory_stats,
+    messages_json,
+    system_sections,
+    tool_schemas,
+)
+from apps.agents.models import Message, Run, Step, StopReason
+from apps.agents.prompts import SUMMARIZER_PROMPT
 from apps.agents.recall import embed_messages
 from apps.agents.recovery import enqueue_run, fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.agents.system_messages import thread_system_message_upsert
 from apps.core.actor import Actor
-from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.core.errors import Conflict, InvalidInput
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
@@ -66,18 +69,27 @@ from apps.llm.errors import (
     LLMDeadlineExceeded,
     LLMError,
 )
-from apps.llm.handles import ModelTarget, resolve_model
-from apps.llm.retry import CallBounds, Deadline
+from apps.llm.retry import CallBounds
 from apps.llm.tokens import count_tokens
-from apps.memory.archival import agent_archival_stats
-from apps.memory.edits import should_show_line_numbers
-from apps.memory.models import AgentBlock, Block
+from apps.memory.models import Block
 from apps.streams.events import RedisStreamSink, cancel_requested, end_stream
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.mcp import run_mcp_tool
 from apps.tools.models import Tool
-from apps.tools.rules import describe_tool_rules, parse_tool_rules
-from apps.tools.solver import ToolRulesSolver
+
+__all__ = [  # what the rest of the project uses; the loop's state and storage have modules of their own
+    "Compaction",
+    "LoopState",
+    "RunDeferred",
+    "StopRun",
+    "TurnResult",
+    "after_run",
+    "compact_thread",
+    "execute_run",
+    "execute_run_streamed",
+    "prepare_request",
+    "system_sections",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,16 +114,6 @@ COMPLETED_STOPS = {
 
 
 @dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    step_count: int = 0
-
-    def as_dict(self, run_id: str) -> dict[str, Any]:
-        return UsageStatistics(self.prompt_tokens, self.completion_tokens, self.step_count, (run_id,)).event()
-
-
-@dataclass
 class TurnResult:
     run: Run
     messages: list[Message]  # what the agent produced in this run, in order
@@ -124,57 +126,6 @@ class TurnResult:
     traces: list[tuple[str, Any, Any]] = field(default_factory=list)
     # The conversation's next run, still waiting when this one finished (its task is enqueued at once).
     next_run_id: str | None = None
-
-
-def run_deadline() -> Deadline:
-    """When a run starting now must be over (RUN_DEADLINE): checked between steps, and no LLM call of
-    the run outlives it."""
-    seconds = float(settings.RUN_DEADLINE)
-    return Deadline.after(seconds, f"the run did not finish within {seconds:g} s (RUN_DEADLINE)")
-
-
-@dataclass
-class LoopState:
-    """What one run works on, loaded once and kept current as the run goes."""
-
-    run: Run
-    agent: Agent
-    actor: Actor
-    conversation: Conversation | None
-    target: ModelTarget
-    context_window: int
-    blocks: list[Block]
-    tools: dict[str, Tool]
-    client_tools: dict[str, dict[str, Any]]
-    solver: ToolRulesSolver
-    rules_text: str
-    in_context: list[Message]
-    stats: MemoryStats
-    sink: EventSink
-    stream_tokens: bool
-    produced: list[Message] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    warned: bool = False
-    token_counts: dict[str, int] = field(default_factory=dict)
-    inputs: list[Message] = field(default_factory=list)  # the run's user messages (for recall embeddings)
-    traces: list[tuple[str, Any, Any]] = field(default_factory=list)  # (step id, request, response)
-    # The run's status as the last step's write read it (None: not read since); the next step's cancel
-    # check uses it instead of a query of its own.
-    status_at_persist: str | None = None
-    deadline: Deadline = field(default_factory=run_deadline)
-    # The `<directories>` section: attached folders and open files (apps.agents.context_sections).
-    directories: str = ""
-    # The text this run last wrote to the thread's stored system message (apps.agents.system_messages),
-    # and the compiled one the next step's write stores when it differs.
-    stored_system_message: str | None = None
-    compiled_system_message: str | None = None
-
-
-class StopRun(Exception):
-    def __init__(self, reason: str, error: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.error = error
 
 
 class RunDeferred(Exception):
@@ -210,19 +161,10 @@ def after_run(result: TurnResult) -> None:
 
 
 def store_traces(result: TurnResult) -> None:
-    """The exact request and response of each step, compressed (Step.trace), in one statement for the run
+    """The exact request and response of each step, compressed, in one statement for the run
     (GET /v1/steps/{id}/trace has them once the run has answered). A worker that dies before this leaves
     the steps without traces."""
-    if not result.traces:
-        return
-    rows = [(step_id, pack_trace(request, response)) for step_id, request, response in result.traces]
-    values = ", ".join(["(%s, %s::bytea)"] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Step._meta.db_table} AS step SET trace = packed.trace "
-            f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
-            [value for row in rows for value in row],
-        )
+    store.store_traces(result.traces)
 
 
 def embed_for_recall(result: TurnResult) -> None:
@@ -243,93 +185,28 @@ def _execute_run(
     """agent_id (with conversation_id): the run's, when the caller knows them (the task that the send
     enqueued carries them), so the lock is taken without reading the run first."""
     if agent_id is None:
-        known = Run.objects.unscoped().filter(id=run_id).values_list("agent_id", "conversation_id", "status")
-        row = known.first()
-        if row is None or row[2] != Run.Status.CREATED:
+        thread = store.run_thread(run_id)
+        if thread is None:
             return None
-        agent_id, conversation_id = row[0], row[1]
+        agent_id, conversation_id = thread
     with conversation_lock(agent_id, conversation_id) as acquired:
         if not acquired:
             raise RunDeferred(run_id)
-        run, orphans, earlier_waiting = _claim(run_id, agent_id, conversation_id)
-        if orphans:  # RUNNING runs of this agent besides ours: we hold the lock, so theirs are orphaned
+        claim = store.claim_run(run_id, agent_id, conversation_id)
+        if claim.others_running:  # other RUNNING runs of the agent: we hold the lock, so they are orphaned
             fail_orphaned_runs(agent_id=agent_id, exclude_run_id=run_id)
-        if run is None:
-            if earlier_waiting:  # an earlier run of this conversation goes first
+        if claim.run is None:
+            if claim.earlier_waiting:  # an earlier run of this conversation goes first
                 raise RunDeferred(run_id)
             return None  # not `created` (any more): executed or cancelled already
-        return _drive(run, sink or NullSink())
-
-
-def _claim(run_id: str, agent_id: str, conversation_id: str | None) -> tuple[Run | None, bool, bool]:
-    """Claim the run (created -> running) unless an earlier run of its conversation still waits, and admit
-    its input into the context window, in one statement (atomic by itself). Returns (the claimed run or
-    None, whether other runs of the agent are RUNNING, whether an earlier run of the conversation waits).
-    The caller holds the conversation's lock.
-
-    Admitting appends the run's input (user messages, an approval decision), in sequence order, to the
-    in-context ids of the agent or conversation, skipping any the list holds already; the UPDATE's row
-    lock orders it against any other writer of the list."""
-    table = Run._meta.db_table
-    reader = row_reader(Run, table)
-    holder_table = (Conversation if conversation_id else Agent)._meta.db_table
-    created, running = Run.Status.CREATED, Run.Status.RUNNING
-    params = {
-        "id": run_id,
-        "agent": agent_id,
-        "conversation": conversation_id,
-        "holder": conversation_id or agent_id,
-        "created": created,
-        "running": running,
-        "now": timezone.now(),
-        "tool": Message.Role.TOOL,
-        "assistant": Message.Role.ASSISTANT,
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH others AS (
-                SELECT status FROM {table}
-                WHERE agent_id = %(agent)s AND id <> %(id)s AND (
-                    status = %(running)s
-                    OR (status = %(created)s AND conversation_id IS NOT DISTINCT FROM %(conversation)s
-                        AND created_at < (SELECT created_at FROM {table} WHERE id = %(id)s))
-                )
-                LIMIT 1000
-            ), claimed AS (
-                UPDATE {table} SET status = %(running)s, started_at = %(now)s
-                WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
-                  AND conversation_id IS NOT DISTINCT FROM %(conversation)s
-                  AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
-                RETURNING {reader.columns}
-            ), admitted AS (
-                UPDATE {holder_table} AS holder SET message_ids = holder.message_ids || ARRAY(
-                    SELECT m.id FROM {Message._meta.db_table} AS m
-                    WHERE m.run_id = %(id)s AND m.step_id IS NULL AND m.role NOT IN (%(tool)s, %(assistant)s)
-                      AND NOT (m.id = ANY(holder.message_ids))
-                    ORDER BY m.sequence_id
-                )::varchar[]
-                WHERE holder.id = %(holder)s AND EXISTS (SELECT 1 FROM claimed)
-            )
-            SELECT claimed.*,
-                   EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
-                   EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
-            FROM (SELECT 1) AS one LEFT JOIN claimed ON true
-            """,
-            params,
-        )
-        row = cursor.fetchone()
-    *values, orphans, earlier_waiting = row
-    if values[reader.position("id")] is None:  # nothing claimed
-        return None, orphans, earlier_waiting
-    return reader.instance(values), orphans, earlier_waiting
+        return _drive(claim.run, sink or NullSink())
 
 
 def _drive(run: Run, sink: EventSink) -> TurnResult:
     run_id = run.id
     state: LoopState | None = None
     try:
-        state = _load_state(run, sink)
+        state = load_state(run, sink)
         state.inputs = [m for m in state.in_context if m.run_id == run.id and m.role == Message.Role.USER]
         _resume_pending_approval(state)
         stop = _loop(state)
@@ -368,12 +245,12 @@ def _call_llm_compacting_once(state: LoopState, *, step_id: str, message_id: str
     """The step's call on the compiled context; when the provider says it overflows, compact once and
     call again. A second overflow is the provider's refusal (LLMApiError). Raises LLM errors, StopRun."""
     try:
-        return _call_llm(state, _prepare_request(state), step_id=step_id, message_id=message_id)
+        return _call_llm(state, prepare_request(state), step_id=step_id, message_id=message_id)
     except ContextWindowExceeded:
         pass  # compact outside the handler: the summariser's own failure must not chain to this overflow
     _compact(state, trigger="provider_overflow")
     try:
-        return _call_llm(state, _prepare_request(state), step_id=step_id, message_id=message_id)
+        return _call_llm(state, prepare_request(state), step_id=step_id, message_id=message_id)
     except ContextWindowExceeded as exc:
         raise LLMApiError(
             f"The context still exceeds the model's window after compaction: {exc.message}",
@@ -437,7 +314,7 @@ def _step(state: LoopState) -> StopRun | None:
         _persist_step(state, step, new_messages)
         if response.finish_reason == "length":
             return StopRun(StopReason.MAX_TOKENS_EXCEEDED)
-        missing = state.solver.uncalled_required_tools(list(_available_tool_names(state)))
+        missing = state.solver.uncalled_required_tools(list(available_tool_names(state)))
         if missing:
             _add_alert(
                 state,
@@ -473,21 +350,21 @@ def _step(state: LoopState) -> StopRun | None:
 # --- context ----------------------------------------------------------------------------------------
 
 
-def _prepare_request(state: LoopState) -> llm.ChatRequest:
+def prepare_request(state: LoopState) -> llm.ChatRequest:
     """Compile the context and keep it inside the window: warn past the threshold, compact on overflow."""
     for _ in range(3):
         system_message = _system_message(state)
         _store_system_message(state, system_message)
-        available = list(_available_tool_names(state))
+        available = list(available_tool_names(state))
         allowed = state.solver.allowed_tools(available)
-        schemas = _tool_schemas(state, allowed)
-        stored = _llm_form(state.in_context)
+        schemas = tool_schemas(state, allowed)
+        stored = llm_form(state.in_context)
         messages = build_llm_messages(system_message, stored)
         budget = budgeting.ContextBudget(state.context_window)
         model = state.target.litellm_model
         system_tokens = count_tokens(model, messages[:1])
         schema_tokens = count_tokens(model, [], schemas) if schemas else 0
-        message_tokens = _message_tokens(state)
+        message_tokens = in_context_tokens(state)
         verdict = budget.assess(system_tokens, message_tokens, schema_tokens)
         if verdict.state == "system_overflow":
             raise StopRun(
@@ -524,7 +401,7 @@ def _prepare_request(state: LoopState) -> llm.ChatRequest:
             parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
             logprobs=bool(state.run.request_config.get("return_logprobs")) or None,
             top_logprobs=state.run.request_config.get("top_logprobs"),
-            messages_json=_messages_json(state, messages, dropped=len(stored) + 1 - len(messages))
+            messages_json=messages_json(state, messages, dropped=len(stored) + 1 - len(messages))
             if llm.takes_messages_json(state.target)
             else None,
         )
@@ -571,53 +448,14 @@ def _system_message_write(state: LoopState) -> list[tuple[str, list[Any]]]:
     ]
 
 
-def system_sections(state: LoopState) -> SystemSections:
-    """The system message's sections for this state (the ADE's context viewer counts them too)."""
-    return compile_system_sections(
-        system_prompt=state.agent.system or DEFAULT_SYSTEM_PROMPT,
-        blocks=[BlockSnapshot(b.label, b.description, b.value, b.limit, b.read_only) for b in state.blocks],
-        stats=state.stats,
-        tool_rules_text=state.rules_text,
-        agent_type=state.agent.agent_type,
-        show_line_numbers=should_show_line_numbers(state.agent.agent_type, state.target.provider_type),
-        now=timezone.now(),
-        timezone=state.agent.timezone or "UTC",
-        directories=state.directories,
-        thread=ThreadIds(state.agent.id, state.conversation.id if state.conversation else None),
-    )
-
-
-def _available_tool_names(state: LoopState) -> list[str]:
-    return [*state.tools, *(n for n in state.client_tools if n not in state.tools)]
-
-
-def _tool_schemas(state: LoopState, allowed: list[str]) -> list[dict[str, Any]]:
-    schemas = []
-    for name in allowed:
-        if name in state.client_tools:
-            spec = state.client_tools[name]
-            function = {
-                "name": name,
-                "description": spec.get("description") or "",
-                "parameters": spec.get("parameters") or {"type": "object", "properties": {}},
-            }
-        else:
-            function = dict(state.tools[name].json_schema)
-            function["name"] = name
-        schemas.append({"type": "function", "function": function})
-    return schemas
-
-
 def _has_pressure_alert(state: LoopState) -> bool:
     return any(m.role == Message.Role.SYSTEM and m.name == PRESSURE_ALERT for m in state.in_context)
 
 
 def _add_alert(state: LoopState, name: str, text: str) -> None:
     alert = _new_message(state, Message.Role.SYSTEM, text=text, name=name)
-    with transaction.atomic():
-        Message.all_objects.bulk_create([alert])
-        state.in_context.append(alert)
-        _save_in_context(state)
+    state.in_context.append(alert)
+    _add_in_context(state, [alert])
     state.produced.append(alert)
     _emit_message(state, alert)
 
@@ -687,7 +525,7 @@ def compaction_event(state: LoopState, trigger: str, message_tokens: list[int] |
 def _message_infos(state: LoopState, message_tokens: list[int] | None = None) -> list[budgeting.MessageInfo]:
     """The in-context messages as the budget sees them (their tokens counted unless given)."""
     if message_tokens is None or len(message_tokens) != len(state.in_context):
-        message_tokens = _message_tokens(state)
+        message_tokens = in_context_tokens(state)
     return [
         budgeting.MessageInfo(
             id=m.id,
@@ -742,13 +580,10 @@ def _summarize(state: LoopState, evict: list[Message], *, prompt: str = SUMMARIZ
 def _replace_with_summary(state: LoopState, evict: list[Message], summary_message: Message) -> None:
     """Store the summary and put it in place of the evicted messages at the head of the context."""
     evicted = {m.id for m in evict}
-    kept = [m for m in state.in_context if m.id not in evicted]
-    with transaction.atomic():
-        Message.all_objects.bulk_create([summary_message])
-        state.in_context = [summary_message, *kept]
-        _save_in_context(state)
+    state.in_context = [summary_message, *(m for m in state.in_context if m.id not in evicted)]
+    _add_in_context(state, [summary_message])
     state.warned = False
-    state.stats = _memory_stats(
+    state.stats = memory_stats(
         state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
     )
 
@@ -804,7 +639,7 @@ def compact_thread(
             request_config={},
         )
         try:
-            state = _load_state(probe, NullSink(), keep_messages=False)
+            state = load_state(probe, NullSink(), keep_messages=False)
         except StopRun as exc:
             raise InvalidInput(exc.error or exc.reason) from exc
         before = len(state.in_context)
@@ -825,61 +660,6 @@ def compact_thread(
         summary_message.run = None  # made by no run (the probe is not stored)
         _replace_with_summary(state, evict, summary_message)
         return Compaction(summary=summary, messages_before=before, messages_after=len(state.in_context))
-
-
-_TOKEN_CACHE: dict[tuple[str, str, Any], int] = {}
-TOKEN_CACHE_MAX = 200_000
-"""Token counts of stored messages, per process, keyed by (model, message id, updated_at): counted once,
-not at the first step of every run (about 25 us a message: 5 ms a run at 200 in-context messages)."""
-
-
-def _message_tokens(state: LoopState) -> list[int]:
-    """Tokens of each in-context message as the LLM sees it, counted once per message (per run, and
-    across runs through the process-wide cache; an edited message has a new updated_at)."""
-    counts = []
-    model = state.target.litellm_model
-    for message in state.in_context:
-        tokens = state.token_counts.get(message.id)
-        if tokens is None:
-            key = (model, message.id, message.updated_at)
-            tokens = _TOKEN_CACHE.get(key) if message.updated_at is not None else None
-            if tokens is None:
-                converted = _llm_form([message])
-                tokens = count_tokens(model, converted) if converted else 0
-                if message.updated_at is not None:
-                    if len(_TOKEN_CACHE) >= TOKEN_CACHE_MAX:
-                        _TOKEN_CACHE.clear()
-                    _TOKEN_CACHE[key] = tokens
-            state.token_counts[message.id] = tokens
-        counts.append(tokens)
-    return counts
-
-
-def _llm_form(messages: list[Message]) -> list[dict[str, Any]]:
-    """to_llm_messages, remembered on each message object: a step resends every in-context message, and a
-    stored message does not change (apps.agents.loop.stored_messages; keyed by updated_at all the same).
-    Callers must not mutate the dicts (build_llm_messages copies them)."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        remembered = message.__dict__.get("_llm_form")
-        if remembered is None or remembered[0] != message.updated_at:
-            remembered = message.__dict__["_llm_form"] = (message.updated_at, to_llm_messages([message]))
-        out.extend(remembered[1])
-    return out
-
-
-def _messages_json(state: LoopState, messages: list[dict[str, Any]], *, dropped: int) -> list[str]:
-    """The JSON text of a request's `messages` (ChatRequest.messages_json): the fresh system message's,
-    then each in-context message's, encoded once per message object like _llm_form. `dropped`: leading
-    stored forms build_llm_messages left out (a stored system message)."""
-    texts: list[str] = []
-    for message in state.in_context:
-        remembered = message.__dict__.get("_llm_json")
-        if remembered is None or remembered[0] != message.updated_at:
-            encoded = [llm.encode_message(form) for form in _llm_form([message])]
-            remembered = message.__dict__["_llm_json"] = (message.updated_at, encoded)
-        texts.extend(remembered[1])
-    return [llm.encode_message(messages[0]), *texts[dropped:]]
 
 
 def _budget_role(message: Message) -> str:
@@ -949,7 +729,7 @@ def _save_failed_step(state: LoopState, step: Step, exc: LLMError) -> None:
     step.status = Step.Status.FAILED
     step.error_type = type(exc).__name__
     step.error_data = {"message": exc.message}
-    step.save()
+    store.save_failed_step(step)
 
 
 # --- tools ------------------------------------------------------------------------------------------
@@ -968,7 +748,7 @@ def _run_tool_call(
     """Execute one call. Every failure becomes an error result the model can read; nothing raises."""
     started = time.monotonic()
     if check_rules:
-        problem = state.solver.check_call(name, list(_available_tool_names(state)))
+        problem = state.solver.check_call(name, list(available_tool_names(state)))
         if problem:
             state.solver.record_call(name, None)
             return ToolResult.error(problem)
@@ -1022,7 +802,7 @@ def _run_tool_call(
     if result.memory_changed:
         state.blocks = _blocks_after_edit(state, edited_block)
         if name in ARCHIVAL_WRITE_TOOLS:
-            state.stats = _memory_stats(
+            state.stats = memory_stats(
                 state.agent, state.actor, state.conversation, len(state.in_context), state.blocks, fresh=False
             )
         else:  # a block edit: the recall and archival counts are what they were
@@ -1037,14 +817,14 @@ def _blocks_after_edit(state: LoopState, edited: Block | None) -> list[Block]:
     new block, an archival write) all of them read again."""
     if edited is not None and any(block.id == edited.id for block in state.blocks):
         return [edited if block.id == edited.id else block for block in state.blocks]
-    return _load_blocks(state.agent, state.actor)
+    return store.load_blocks(state.agent.id, state.actor)
 
 
 def _ends_turn(state: LoopState, messages: list[Message]) -> bool:
     called = [m.name for m in messages if m.role == Message.Role.TOOL]
     if not any(state.solver.is_terminal(n) or n == "send_message" for n in called):
         return False
-    return not state.solver.uncalled_required_tools(list(_available_tool_names(state)))
+    return not state.solver.uncalled_required_tools(list(available_tool_names(state)))
 
 
 def _sent_message(messages: list[Message]) -> bool:
@@ -1090,10 +870,8 @@ def _resume_pending_approval(state: LoopState) -> None:
         message = _tool_message(state, None, call["id"], name, result)
         tool_messages.append(message)
         _emit_message(state, message)
-    with transaction.atomic():
-        Message.all_objects.bulk_create(tool_messages)
-        state.in_context.extend(tool_messages)
-        _save_in_context(state)
+    state.in_context.extend(tool_messages)
+    _add_in_context(state, tool_messages)
     state.produced.extend(tool_messages)
 
 
@@ -1184,37 +962,29 @@ def _tool_message(
 
 
 def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop_reason: str = "") -> None:
-    """The step, its messages and the new in-context ids in one statement (atomic by itself: one round
-    trip, no BEGIN/COMMIT), which also reads the run's status for the next step's cancel check.
+    """The step, its messages and the new in-context ids (and the thread's system message when memory
+    changed it) in one statement, which also reads the run's status for the next step's cancel check.
 
     The step's provider trace (the exact request and response) is stored after the run's answer
     (store_traces): at hundreds of in-context messages it is the largest write of a step."""
     step.stop_reason = stop_reason
-    holder = Conversation if state.conversation is not None else Agent
-    holder_id = state.conversation.id if state.conversation is not None else state.agent.id
-    run_status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
-    if messages:
-        # Appends the new ids (not the hundreds already there); the row lock orders it like any writer.
-        then = (
-            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
-            f"WHERE id = %s RETURNING {run_status}",
-            [[m.id for m in messages], holder_id, state.run.id],
-        )
-    else:
-        then = (f"SELECT {run_status}", [state.run.id])
-    row = insert_all((Step, [step]), (Message, messages), also=_system_message_write(state), then=then)
-    state.status_at_persist = row[0] if row else None
+    state.status_at_persist = store.persist_step(
+        step,
+        messages,
+        agent_id=state.agent.id,
+        conversation_id=state.conversation_id,
+        run_id=state.run.id,
+        also=_system_message_write(state),
+    )
     state.in_context.extend(messages)
     state.produced.extend(messages)
 
 
-def _save_in_context(state: LoopState) -> None:
-    """Store the whole in-context list (after a compaction or an alert; steps append)."""
-    ids = [m.id for m in state.in_context]
-    if state.conversation is not None:
-        Conversation.all_objects.filter(id=state.conversation.id).update(message_ids=ids)
-    else:
-        Agent.all_objects.filter(id=state.agent.id).update(message_ids=ids)
+def _add_in_context(state: LoopState, messages: list[Message]) -> None:
+    """Store messages made outside a step, already placed in `state.in_context`, with the new list."""
+    store.add_messages_in_context(
+        messages, state.in_context_ids(), agent_id=state.agent.id, conversation_id=state.conversation_id
+    )
 
 
 def _emit_message(state: LoopState, message: Message) -> None:
@@ -1226,10 +996,7 @@ def _raise_if_cancelled(
 ) -> None:
     """Stop if the run was cancelled; `status` is the run's status when the caller has just read it."""
     if status is None:
-        with connection.cursor() as cursor:  # every step with tool calls: a third of the ORM's cost
-            cursor.execute(f"SELECT status FROM {Run._meta.db_table} WHERE id = %s", [state.run.id])
-            row = cursor.fetchone()
-        status = row[0] if row else None
+        status = store.run_status(state.run.id)
     if status == Run.Status.CANCELLED:
         if pending is not None:
             _persist_step(state, pending[0], pending[1], stop_reason=StopReason.CANCELLED)
@@ -1237,114 +1004,6 @@ def _raise_if_cancelled(
 
 
 # --- loading and finishing --------------------------------------------------------------------------
-
-
-def _load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> LoopState:
-    """Everything a run works on. keep_messages: reuse and keep this process's loaded messages
-    (apps.agents.loop.stored_messages)."""
-    actor = Actor.system(run.organization_id)
-    agent = _load_one(Agent, run.agent_id, actor)
-    conversation = _load_one(Conversation, run.conversation_id, actor) if run.conversation_id else None
-    override_model = run.request_config.get("override_model")  # this run's model, the agent unchanged
-    try:
-        target = resolve_model(
-            override_model or agent.model,
-            organization_id=actor.organization_id,
-            context_window_limit=None if override_model else agent.context_window_limit,
-        )
-    except LLMError as exc:
-        raise StopRun(StopReason.LLM_API_ERROR, exc.message) from exc
-    except Exception as exc:  # an unusable handle is the agent's configuration problem, reported on the run
-        raise StopRun(StopReason.LLM_API_ERROR, str(exc)) from exc
-    rules = parse_tool_rules(agent.tool_rules)
-    ids = conversation.message_ids if conversation else agent.message_ids
-    in_context = in_context_messages(actor, ids, keep=keep_messages)
-    blocks = _load_blocks(agent, actor)
-    tools = {tool.name: tool for tool in _load_tools(agent, actor)}
-    client_tools = {t["name"]: t for t in run.request_config.get("client_tools") or []}
-    return LoopState(
-        run=run,
-        agent=agent,
-        actor=actor,
-        conversation=conversation,
-        target=target,
-        context_window=target.context_window,
-        blocks=blocks,
-        tools=tools,
-        client_tools=client_tools,
-        solver=ToolRulesSolver(rules),
-        rules_text=describe_tool_rules(rules),
-        in_context=in_context,
-        stats=_memory_stats(agent, actor, conversation, len(in_context), blocks),
-        sink=sink,
-        stream_tokens=bool(run.request_config.get("stream_tokens")),
-        directories=context_sections.load_directories(actor, agent, (t.tool_type for t in tools.values())),
-    )
-
-
-# What every run reads is written as SQL: the ORM's compilation of these queries cost more than running
-# them (~1 ms of CPU each against ~0.2; bench/RESULTS.md). Each is scoped to the run's organisation.
-
-
-def _load_one(model: type[Agent] | type[Conversation], row_id: str, actor: Actor) -> Any:
-    table = model._meta.db_table
-    rows = fetch_instances(
-        model,
-        f"SELECT {{columns}} FROM {table} AS loaded WHERE loaded.id = %s AND loaded.organization_id = %s",
-        [row_id, actor.organization_id],
-        alias="loaded",
-    )
-    if not rows:
-        raise model.DoesNotExist(f"{model.__name__} '{row_id}' not found")
-    return rows[0]
-
-
-def _load_blocks(agent: Agent, actor: Actor) -> list[Block]:
-    return fetch_instances(
-        Block,
-        f"SELECT {{columns}} FROM {Block._meta.db_table} AS block "
-        f"JOIN {AgentBlock._meta.db_table} AS link ON link.block_id = block.id "
-        "WHERE link.agent_id = %s AND block.organization_id = %s ORDER BY block.created_at, block.id",
-        [agent.id, actor.organization_id],
-        alias="block",
-    )
-
-
-def _load_tools(agent: Agent, actor: Actor) -> list[Tool]:
-    return fetch_instances(
-        Tool,
-        f"SELECT {{columns}} FROM {Tool._meta.db_table} AS tool "
-        f"JOIN {AgentTool._meta.db_table} AS link ON link.tool_id = tool.id "
-        "WHERE link.agent_id = %s AND tool.organization_id = %s ORDER BY tool.name",
-        [agent.id, actor.organization_id],
-        alias="tool",
-    )
-
-
-def _memory_stats(
-    agent: Agent,
-    actor: Actor,
-    conversation: Conversation | None,
-    in_context_count: int,
-    blocks: list[Block],
-    *,
-    fresh: bool = True,
-) -> MemoryStats:
-    """fresh: `agent`/`conversation` were just read, so their message count (kept by a trigger, migration
-    agents 0005) is current; otherwise (later in a run, which has stored messages since) it is read again."""
-    holder = conversation or agent
-    stored = (
-        holder.message_count
-        if fresh
-        else type(holder).all_objects.filter(id=holder.id).values_list("message_count", flat=True).get()
-    )
-    count, tags = agent_archival_stats(actor=actor, agent_id=agent.id)  # kept per archive, not counted
-    return MemoryStats(
-        last_memory_edit=max((b.updated_at for b in blocks), default=None),
-        recall_message_count=max(0, stored - in_context_count),
-        archival_passage_count=count,
-        archival_tags=sorted(tags),
-    )
 
 
 def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
@@ -1362,7 +1021,7 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.error = {"message": error or reason}
     if error:
         run.metadata = {**run.metadata, "error": error}
-    saved, next_run_id = _save_finished(run, state.agent.id)
+    saved, next_run_id = store.save_finished(run, state.agent.id)
     if not saved:
         # The user cancelled while the last step ran: the stored run says so, and so must the stream.
         run.status = Run.Status.CANCELLED
@@ -1386,57 +1045,6 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
     )
 
 
-def _save_finished(run: Run, agent_id: str) -> tuple[bool, str | None]:
-    """The run's terminal state and the agent's last-run fields in one statement (data-modifying CTEs:
-    one round trip, atomic without a transaction block). A cancelled run keeps its status: the user's
-    cancel wins over the loop's own ending. Returns False when the run had been cancelled, and the id of
-    the conversation's next waiting run, if any (the same statement reads it)."""
-    run_field, agent_field = Run._meta.get_field, Agent._meta.get_field
-    run_values = {
-        "status": run.status,
-        "stop_reason": run.stop_reason,
-        "completed_at": run.completed_at,
-        "total_duration_ns": run.total_duration_ns,
-        "error": run.error,
-        "metadata": run.metadata,
-    }
-    agent_values = {
-        "last_run_completion": run.completed_at,
-        "last_stop_reason": run.stop_reason,
-        "last_run_duration_ms": (run.total_duration_ns or 0) // 1_000_000,
-    }
-    run_set = ", ".join(f"{run_field(name).column} = %s" for name in run_values)
-    agent_set = ", ".join(f"{agent_field(name).column} = %s" for name in agent_values)
-    params = [
-        *(run_field(name).get_db_prep_save(value, connection) for name, value in run_values.items()),
-        run.id,
-        Run.Status.CANCELLED,
-        *(agent_field(name).get_db_prep_save(value, connection) for name, value in agent_values.items()),
-        agent_id,
-        agent_id,
-        run.conversation_id,
-        Run.Status.CREATED,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH finished AS (
-                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s RETURNING id
-            ), agent AS (
-                UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
-            )
-            SELECT (SELECT count(*) FROM finished), (
-                SELECT id FROM {Run._meta.db_table}
-                WHERE agent_id = %s AND conversation_id IS NOT DISTINCT FROM %s AND status = %s
-                ORDER BY created_at LIMIT 1
-            )
-            """,
-            params,
-        )
-        finished, next_run_id = cursor.fetchone()
-        return finished > 0, next_run_id
-
-
 def _start_sleeptime(primary_agent_id: str) -> None:
     """Never in the primary's way: a worker task, or (in-process mode) right after this turn."""
     if settings.RUN_EXECUTOR == "in_process":
@@ -1448,11 +1056,7 @@ def _start_sleeptime(primary_agent_id: str) -> None:
 
 
 def _fail_before_start(run: Run, reason: str, error: str | None) -> TurnResult:
-    now = timezone.now()
-    Run.all_objects.filter(id=run.id).update(
-        status=Run.Status.FAILED, stop_reason=reason, completed_at=now, error={"message": error or reason}
-    )
-    run.refresh_from_db()
+    store.fail_before_start(run, reason, error)
     return TurnResult(run=run, messages=[], stop_reason=reason, usage=Usage())
 
 

@@ -1,0 +1,314 @@
+"""The run's storage: every read and write the agent loop makes, behind a few functions the runner calls.
+
+What every run reads and writes is SQL written out here: the ORM's compilation of these statements cost
+more than running them (~1 ms of CPU each against ~0.2; bench/RESULTS.md), and the hot ones are one
+round trip each (data-modifying CTEs, atomic by themselves, no BEGIN/COMMIT). Each is scoped to the run's
+organisation or to rows the run has already read under it. The README's statement counts per turn rest
+on this module: a plain turn is claim, load, one persist per step, finish.
+
+A thread is an agent with its conversation (None: the agent's default thread); its in-context message ids
+are on the conversation's row, or on the agent's for the default thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, pack_trace
+from apps.core.actor import Actor
+from apps.core.db import fetch_instances, insert_all, row_reader
+from apps.memory.models import AgentBlock, Block
+from apps.tools.models import Tool
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What claiming a run found: the run (None: not claimed), whether other runs of its agent are
+    RUNNING, and whether an earlier run of its conversation still waits."""
+
+    run: Run | None
+    others_running: bool
+    earlier_waiting: bool
+
+
+def _holder(agent_id: str, conversation_id: str | None) -> tuple[type[Agent] | type[Conversation], str]:
+    """The model and id of the row that holds a thread's in-context message ids."""
+    return (Conversation, conversation_id) if conversation_id else (Agent, agent_id)
+
+
+# --- claiming and loading ---------------------------------------------------------------------------
+
+
+def run_thread(run_id: str) -> tuple[str, str | None] | None:
+    """(agent id, conversation id) of a run that is still `created`, else None."""
+    known = Run.objects.unscoped().filter(id=run_id).values_list("agent_id", "conversation_id", "status")
+    row = known.first()
+    if row is None or row[2] != Run.Status.CREATED:
+        return None
+    return row[0], row[1]
+
+
+def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
+    """Claim the run (created -> running) unless an earlier run of its conversation still waits, and admit
+    its input into the context window, in one statement. The caller holds the conversation's lock.
+
+    Admitting appends the run's input (user messages, an approval decision), in sequence order, to the
+    thread's in-context ids, skipping any the list holds already; the UPDATE's row lock orders it against
+    any other writer of the list."""
+    table = Run._meta.db_table
+    reader = row_reader(Run, table)
+    holder, holder_id = _holder(agent_id, conversation_id)
+    params = {
+        "id": run_id,
+        "agent": agent_id,
+        "conversation": conversation_id,
+        "holder": holder_id,
+        "created": Run.Status.CREATED,
+        "running": Run.Status.RUNNING,
+        "now": timezone.now(),
+        "tool": Message.Role.TOOL,
+        "assistant": Message.Role.ASSISTANT,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH others AS (
+                SELECT status FROM {table}
+                WHERE agent_id = %(agent)s AND id <> %(id)s AND (
+                    status = %(running)s
+                    OR (status = %(created)s AND conversation_id IS NOT DISTINCT FROM %(conversation)s
+                        AND created_at < (SELECT created_at FROM {table} WHERE id = %(id)s))
+                )
+                LIMIT 1000
+            ), claimed AS (
+                UPDATE {table} SET status = %(running)s, started_at = %(now)s
+                WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
+                  AND conversation_id IS NOT DISTINCT FROM %(conversation)s
+                  AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
+                RETURNING {reader.columns}
+            ), admitted AS (
+                UPDATE {holder._meta.db_table} AS holder SET message_ids = holder.message_ids || ARRAY(
+                    SELECT m.id FROM {Message._meta.db_table} AS m
+                    WHERE m.run_id = %(id)s AND m.step_id IS NULL AND m.role NOT IN (%(tool)s, %(assistant)s)
+                      AND NOT (m.id = ANY(holder.message_ids))
+                    ORDER BY m.sequence_id
+                )::varchar[]
+                WHERE holder.id = %(holder)s AND EXISTS (SELECT 1 FROM claimed)
+            )
+            SELECT claimed.*,
+                   EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
+                   EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
+            FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+            """,
+            params,
+        )
+        row = cursor.fetchone()
+    *values, others_running, earlier_waiting = row
+    claimed = None if values[reader.position("id")] is None else reader.instance(values)
+    return Claim(claimed, others_running, earlier_waiting)
+
+
+def load_agent(agent_id: str, actor: Actor) -> Agent:
+    return _load_one(Agent, agent_id, actor)
+
+
+def load_conversation(conversation_id: str, actor: Actor) -> Conversation:
+    return _load_one(Conversation, conversation_id, actor)
+
+
+def _load_one(model: type[Any], row_id: str, actor: Actor) -> Any:
+    table = model._meta.db_table
+    rows = fetch_instances(
+        model,
+        f"SELECT {{columns}} FROM {table} AS loaded WHERE loaded.id = %s AND loaded.organization_id = %s",
+        [row_id, actor.organization_id],
+        alias="loaded",
+    )
+    if not rows:
+        raise model.DoesNotExist(f"{model.__name__} '{row_id}' not found")
+    return rows[0]
+
+
+def load_blocks(agent_id: str, actor: Actor) -> list[Block]:
+    """The agent's memory blocks, oldest first."""
+    return fetch_instances(
+        Block,
+        f"SELECT {{columns}} FROM {Block._meta.db_table} AS block "
+        f"JOIN {AgentBlock._meta.db_table} AS link ON link.block_id = block.id "
+        "WHERE link.agent_id = %s AND block.organization_id = %s ORDER BY block.created_at, block.id",
+        [agent_id, actor.organization_id],
+        alias="block",
+    )
+
+
+def load_tools(agent_id: str, actor: Actor) -> list[Tool]:
+    """The agent's attached tools, by name."""
+    return fetch_instances(
+        Tool,
+        f"SELECT {{columns}} FROM {Tool._meta.db_table} AS tool "
+        f"JOIN {AgentTool._meta.db_table} AS link ON link.tool_id = tool.id "
+        "WHERE link.agent_id = %s AND tool.organization_id = %s ORDER BY tool.name",
+        [agent_id, actor.organization_id],
+        alias="tool",
+    )
+
+
+def stored_message_count(agent_id: str, conversation_id: str | None) -> int:
+    """The thread's stored messages (kept by a trigger, migration agents 0005), read now."""
+    holder, holder_id = _holder(agent_id, conversation_id)
+    return holder.all_objects.filter(id=holder_id).values_list("message_count", flat=True).get()
+
+
+def run_status(run_id: str) -> str | None:
+    """The run's stored status (a cancel check). Plain SQL: every step with tool calls makes one, and the
+    ORM's version costs a third of the step's database time."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status FROM {Run._meta.db_table} WHERE id = %s", [run_id])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# --- writing a step ---------------------------------------------------------------------------------
+
+
+def persist_step(
+    step: Step,
+    messages: Sequence[Message],
+    *,
+    agent_id: str,
+    conversation_id: str | None,
+    run_id: str,
+    also: Sequence[tuple[str, list[Any]]] = (),
+) -> str | None:
+    """The step, its messages and their ids appended to the thread's in-context list, with the `also`
+    statements, in one statement; returns the run's status as that statement read it (the next step's
+    cancel check). Appends the new ids only (not the hundreds already there); the row lock orders it like
+    any writer of the list."""
+    holder, holder_id = _holder(agent_id, conversation_id)
+    status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
+    if messages:
+        then = (
+            f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
+            f"WHERE id = %s RETURNING {status}",
+            [[m.id for m in messages], holder_id, run_id],
+        )
+    else:
+        then = (f"SELECT {status}", [run_id])
+    row = insert_all((Step, [step]), (Message, list(messages)), also=list(also), then=then)
+    return row[0] if row else None
+
+
+def save_failed_step(step: Step) -> None:
+    step.save()
+
+
+def add_messages_in_context(
+    messages: Sequence[Message], in_context_ids: list[str], *, agent_id: str, conversation_id: str | None
+) -> None:
+    """Store new messages outside a step (an alert, a summary, settled approvals) and the thread's whole
+    in-context id list after them, in one transaction."""
+    with transaction.atomic():
+        Message.all_objects.bulk_create(list(messages))
+        save_in_context(in_context_ids, agent_id=agent_id, conversation_id=conversation_id)
+
+
+def save_in_context(in_context_ids: list[str], *, agent_id: str, conversation_id: str | None) -> None:
+    """Store the thread's whole in-context id list (after a compaction or an alert; steps append)."""
+    holder, holder_id = _holder(agent_id, conversation_id)
+    holder.all_objects.filter(id=holder_id).update(message_ids=in_context_ids)
+
+
+def store_traces(traces: Sequence[tuple[str, Any, Any]]) -> None:
+    """The exact request and response of each step (step id, request, response), compressed (Step.trace),
+    in one statement for the run."""
+    if not traces:
+        return
+    rows = [(step_id, pack_trace(request, response)) for step_id, request, response in traces]
+    values = ", ".join(["(%s, %s::bytea)"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Step._meta.db_table} AS step SET trace = packed.trace "
+            f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
+            [value for row in rows for value in row],
+        )
+
+
+# --- finishing --------------------------------------------------------------------------------------
+
+
+def save_finished(run: Run, agent_id: str) -> tuple[bool, str | None]:
+    """The run's terminal state and the agent's last-run fields in one statement. A cancelled run keeps its
+    status: the user's cancel wins over the loop's own ending. Returns False when the run had been
+    cancelled, and the id of the conversation's next waiting run, if any (the same statement reads it)."""
+
+    def run_field(name: str) -> models.Field[Any, Any]:
+        return _column_field(Run, name)
+
+    def agent_field(name: str) -> models.Field[Any, Any]:
+        return _column_field(Agent, name)
+
+    run_values = {
+        "status": run.status,
+        "stop_reason": run.stop_reason,
+        "completed_at": run.completed_at,
+        "total_duration_ns": run.total_duration_ns,
+        "error": run.error,
+        "metadata": run.metadata,
+    }
+    agent_values = {
+        "last_run_completion": run.completed_at,
+        "last_stop_reason": run.stop_reason,
+        "last_run_duration_ms": (run.total_duration_ns or 0) // 1_000_000,
+    }
+    run_set = ", ".join(f"{run_field(name).column} = %s" for name in run_values)
+    agent_set = ", ".join(f"{agent_field(name).column} = %s" for name in agent_values)
+    params = [
+        *(run_field(name).get_db_prep_save(value, connection) for name, value in run_values.items()),
+        run.id,
+        Run.Status.CANCELLED,
+        *(agent_field(name).get_db_prep_save(value, connection) for name, value in agent_values.items()),
+        agent_id,
+        agent_id,
+        run.conversation_id,
+        Run.Status.CREATED,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH finished AS (
+                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s RETURNING id
+            ), agent AS (
+                UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
+            )
+            SELECT (SELECT count(*) FROM finished), (
+                SELECT id FROM {Run._meta.db_table}
+                WHERE agent_id = %s AND conversation_id IS NOT DISTINCT FROM %s AND status = %s
+                ORDER BY created_at LIMIT 1
+            )
+            """,
+            params,
+        )
+        finished, next_run_id = cursor.fetchone()
+        return finished > 0, next_run_id
+
+
+def _column_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field)  # a concrete column, not a reverse relation
+    return field
+
+
+def fail_before_start(run: Run, reason: str, error: str | None) -> None:
+    """A run that failed before its first step (its agent or model could not be loaded), read back."""
+    Run.all_objects.filter(id=run.id).update(
+        status=Run.Status.FAILED,
+        stop_reason=reason,
+        completed_at=timezone.now(),
+        error={"message": error or reason},
+    )
+    run.refresh_from_db()
