@@ -183,9 +183,9 @@ def agent_create(
         )
         memory_services.block_attach_to_agent(actor=actor, agent_id=agent.id, block=block)
     for block_id in block_ids or []:
-        agent_attach_block(actor=actor, agent=agent, block_id=block_id)
+        _link_block(actor=actor, agent=agent, block_id=block_id)
     for tool_id in tool_ids or []:
-        agent_attach_tool(actor=actor, agent=agent, tool_id=tool_id)
+        _link_tool(actor=actor, agent=agent, tool_id=tool_id)
     for tool in _tools_by_name(
         actor=actor,
         agent_type=agent_type,
@@ -301,21 +301,19 @@ def require_agent_permission(actor: Actor, agent: Agent, action: Action = Action
     permissions.require(actor, action, creator_id=agent.created_by_id, subject=f"agent '{agent.name}'")
 
 
-def agent_attach_block(*, actor: Actor, agent: Agent, block_id: str) -> Block:
-    """Raises BlockNotFound (also for other organisations' blocks), DuplicateBlockLabel, PermissionDenied
+def _link_block(*, actor: Actor, agent: Agent, block_id: str) -> Block:
+    """Link a block to an agent whose permission the caller has checked (agent_create, agent_update,
+    agent_attach_block). Raises BlockNotFound (also for other organisations' blocks), DuplicateBlockLabel, PermissionDenied
     (a writable block someone else created)."""
     block = block_get(actor=actor, block_id=block_id)
     memory_services.block_attach_to_agent(actor=actor, agent_id=agent.id, block=block)
     return block
 
 
-def agent_detach_block(*, actor: Actor, agent_id: str, block_id: str) -> None:
-    agent = agent_get(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block_id)
-
-
-def agent_attach_tool(*, actor: Actor, agent: Agent, tool_id: str) -> Tool:
+def _link_tool(*, actor: Actor, agent: Agent, tool_id: str) -> Tool:
+    """Link a tool named by id in a create or update body (agent_create, agent_update: the caller has
+    checked the agent's permission). An unknown id there is bad input (InvalidInput), as in Letta;
+    agent_attach_tool, whose path names the tool, answers NotFound instead."""
     tool = Tool.objects.for_actor(actor).filter(id=tool_id).first()
     if tool is None:
         raise InvalidInput(f"Tool with id '{tool_id}' not found")
@@ -1041,14 +1039,14 @@ def _validated_message_ids(*, actor: Actor, agent: Agent, message_ids: list[str]
 def _replace_tools(*, actor: Actor, agent: Agent, tool_ids: list[str]) -> None:
     AgentTool.objects.filter(agent=agent).exclude(tool_id__in=tool_ids).delete()
     for tool_id in dict.fromkeys(tool_ids):
-        agent_attach_tool(actor=actor, agent=agent, tool_id=tool_id)
+        _link_tool(actor=actor, agent=agent, tool_id=tool_id)
 
 
 def _replace_blocks(*, actor: Actor, agent: Agent, block_ids: list[str]) -> None:
     """Detach first, so a new block may take the label of one it replaces."""
     AgentBlock.objects.filter(agent=agent).exclude(block_id__in=block_ids).delete()
     for block_id in dict.fromkeys(block_ids):
-        agent_attach_block(actor=actor, agent=agent, block_id=block_id)
+        _link_block(actor=actor, agent=agent, block_id=block_id)
 
 
 def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) -> None:
@@ -1058,7 +1056,7 @@ def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) ->
 
 
 @transaction.atomic
-def agent_attach_tool_by_id(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
+def agent_attach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
     """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool, PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
     require_agent_permission(actor, agent)
@@ -1079,17 +1077,17 @@ def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
 
 
 @transaction.atomic
-def agent_attach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+def agent_attach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
     """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel,
     PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)
     require_agent_permission(actor, agent)
-    agent_attach_block(actor=actor, agent=agent, block_id=block_id)
+    _link_block(actor=actor, agent=agent, block_id=block_id)
     return agent
 
 
 @transaction.atomic
-def agent_detach_block_by_id(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+def agent_detach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
     """Detach a block; the block itself survives. Raises AgentNotFound, BlockNotFound (also when the block
     exists but is not attached to this agent), PermissionDenied."""
     agent = _lock_agent(actor=actor, agent_id=agent_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from apps.agents.models import Agent
-from apps.agents.services import agent_attach_block_by_id
+from apps.agents.services import agent_attach_block
 from apps.memory.services import block_create
 from tests.api.test_messages_api import new_agent
 
@@ -54,7 +54,7 @@ def test_blocks_filter_by_search_terms_counts_and_hidden(actor, api_client_for):
     block_create(actor=actor, label="persona", value="Helpful", limit=100)
     block_create(actor=actor, label="secret", value="tea", limit=100, hidden=True)
     agent = new_agent(actor, memory_blocks=[])
-    agent_attach_block_by_id(actor=actor, agent_id=agent.id, block_id=notes.id)
+    agent_attach_block(actor=actor, agent_id=agent.id, block_id=notes.id)
     client = api_client_for(actor)
 
     assert names(client.get("/v1/blocks/", {"value_search": "TEA"})) == ["notes"]

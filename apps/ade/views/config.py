@@ -237,7 +237,7 @@ def config_tool_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
             if name not in BUILTIN_TOOLS:
                 raise InvalidInput(f"Unknown built-in tool '{name}'")
             choice = tool_upsert_builtins(actor=request.actor, names=[name])[name].id
-        agent_services.agent_attach_tool_by_id(actor=request.actor, agent_id=agent.id, tool_id=choice)
+        agent_services.agent_attach_tool(actor=request.actor, agent_id=agent.id, tool_id=choice)
     except DomainError as exc:
         return _render_tools(request, agent, error=exc.message, status=refusal_status(exc))
     return _changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))

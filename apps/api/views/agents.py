@@ -230,7 +230,7 @@ class _AgentStateOrNullApi(OrgApiView):
 class AgentToolAttachApi(_AgentStateOrNullApi):
     @extend_schema(operation_id="attach_tool_to_agent", request=None, responses=s.AgentStateOut)
     def patch(self, request: Request, agent_id: str, tool_id: str) -> Response | HttpResponse:
-        agent_services.agent_attach_tool_by_id(actor=self.actor, agent_id=agent_id, tool_id=tool_id)
+        agent_services.agent_attach_tool(actor=self.actor, agent_id=agent_id, tool_id=tool_id)
         return self._answer(request, agent_id)
 
 
@@ -252,7 +252,7 @@ class CoreMemoryBlockListApi(OrgApiView):
 class CoreMemoryBlockAttachApi(OrgApiView):
     @extend_schema(operation_id="attach_core_memory_block", request=None, responses=s.AgentStateOut)
     def patch(self, request: Request, agent_id: str, block_id: str) -> Response:
-        agent_services.agent_attach_block_by_id(actor=self.actor, agent_id=agent_id, block_id=block_id)
+        agent_services.agent_attach_block(actor=self.actor, agent_id=agent_id, block_id=block_id)
         agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
         return Response(s.agent_state(agent, actor=self.actor))
 
@@ -260,7 +260,7 @@ class CoreMemoryBlockAttachApi(OrgApiView):
 class CoreMemoryBlockDetachApi(OrgApiView):
     @extend_schema(operation_id="detach_core_memory_block", request=None, responses=s.AgentStateOut)
     def patch(self, request: Request, agent_id: str, block_id: str) -> Response:
-        agent_services.agent_detach_block_by_id(actor=self.actor, agent_id=agent_id, block_id=block_id)
+        agent_services.agent_detach_block(actor=self.actor, agent_id=agent_id, block_id=block_id)
         agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
         return Response(s.agent_state(agent, actor=self.actor))
 

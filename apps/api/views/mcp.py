@@ -120,7 +120,7 @@ class McpServerRefreshApi(McpApiView):
         attached = []
         if agent_id:
             for tool in summary.added_tools:
-                agent_services.agent_attach_tool_by_id(actor=self.actor, agent_id=agent_id, tool_id=tool.id)
+                agent_services.agent_attach_tool(actor=self.actor, agent_id=agent_id, tool_id=tool.id)
                 attached.append(tool.name)
         body = {
             "added": summary.added,
