@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.accounts.models import Organization
 from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
 from apps.agents.loop.convert import text_of, to_letta_messages
-from apps.agents.loop.events import EventSink
+from apps.agents.loop.events import EventSink, StopReasonEvent
 from apps.agents.loop.messages import summary_from_message_text
 from apps.agents.loop.runner import (
     Compaction,
@@ -782,7 +782,7 @@ def _collected_from_database(*, actor: Actor, run: Run) -> CollectedRun:
     return CollectedRun(
         run=run,
         messages=[letta for message in produced for letta in to_letta_messages(message)],
-        stop_reason={"message_type": "stop_reason", "stop_reason": run_stop_reason(run)},
+        stop_reason=StopReasonEvent(run_stop_reason(run)).event(),
         usage=run_usage_event(actor=actor, run=run),
         finished=True,
     )

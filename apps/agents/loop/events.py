@@ -1,9 +1,13 @@
-"""Where the loop reports what happens, as it happens. The workers issue relays these through Redis."""
+"""Where the loop reports what happens, as it happens, and the typed payloads it reports (one builder each
+for what is not a stored message). The workers relay these through Redis."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from django.utils import timezone
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,72 @@ class UsageStatistics:
                 "context_tokens": None,
             }
         return payload
+
+
+@dataclass(frozen=True, slots=True)
+class StopReasonEvent:
+    """Letta's `stop_reason` message: why the run ended."""
+
+    stop_reason: str
+
+    def event(self) -> dict[str, Any]:
+        return {"message_type": "stop_reason", "stop_reason": self.stop_reason}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """A piece of a streamed LLM answer (the run's `delta` event, which the SSE relay turns into Letta's
+    chunked messages): `kind` is reasoning, content or tool_call."""
+
+    kind: str
+    text: str
+    tool_call_id: str | None
+    tool_name: str | None
+    step_id: str | None
+    run_id: str
+    message_id: str | None
+
+    def event(self) -> dict[str, Any]:
+        return {
+            "message_type": "delta",
+            "kind": self.kind,
+            "text": self.text,
+            "tool_call_id": self.tool_call_id,
+            "tool_name": self.tool_name,
+            "step_id": self.step_id,
+            "run_id": self.run_id,
+            "message_id": self.message_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStarted:
+    """Letta's EventMessage announcing a compaction (sent when the request asks for compaction messages)."""
+
+    trigger: str
+    context_window: int
+    context_token_estimate: int | None
+    run_id: str
+
+    def event(self) -> dict[str, Any]:
+        return {
+            "id": f"message-{uuid.uuid4()}",
+            "date": timezone.now().isoformat(),
+            "message_type": "event_message",
+            "event_type": "compaction",
+            "event_data": {
+                "trigger": self.trigger,
+                "context_token_estimate": self.context_token_estimate,
+                "context_window": self.context_window,
+            },
+            "run_id": self.run_id,
+            "step_id": None,
+            "otid": None,
+            "sender_id": None,
+            "name": None,
+            "is_err": None,
+            "seq_id": None,
+        }
 
 
 class EventSink(Protocol):

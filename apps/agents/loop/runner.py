@@ -36,7 +36,7 @@ from apps.agents.loop import budget as budgeting
 from apps.agents.loop import store
 from apps.agents.loop.context import build_llm_messages, render_available_skills, with_available_skills
 from apps.agents.loop.convert import send_message_text, to_letta_messages
-from apps.agents.loop.events import EventSink, NullSink
+from apps.agents.loop.events import CompactionStarted, EventSink, NullSink, StopReasonEvent, TokenDelta
 from apps.agents.loop.messages import memory_pressure_warning, summary_message_text
 from apps.agents.loop.state import (
     LoopState,
@@ -471,7 +471,8 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
     total = len(state.in_context)
     structured = bool(state.run.request_config.get("include_compaction_messages"))
     if structured:  # Letta announces the compaction before it starts
-        state.sink.emit(compaction_event(state, trigger, message_tokens))
+        estimate = sum(message_tokens) if message_tokens else None
+        state.sink.emit(CompactionStarted(trigger, state.context_window, estimate, state.run.id).event())
     summary = _summarize(state, evict)
     summary_message = _new_message(
         state, Message.Role.SUMMARY, text=summary_message_text(summary, len(evict), total)
@@ -498,28 +499,6 @@ def _compact(state: LoopState, *, trigger: str, message_tokens: list[int] | None
                 "content": summary_message.text,
             }
         )
-
-
-def compaction_event(state: LoopState, trigger: str, message_tokens: list[int] | None) -> dict[str, Any]:
-    """Letta's EventMessage for a compaction about to start."""
-    return {
-        "id": f"message-{uuid.uuid4()}",
-        "date": timezone.now().isoformat(),
-        "message_type": "event_message",
-        "event_type": "compaction",
-        "event_data": {
-            "trigger": trigger,
-            "context_token_estimate": sum(message_tokens) if message_tokens else None,
-            "context_window": state.context_window,
-        },
-        "run_id": state.run.id,
-        "step_id": None,
-        "otid": None,
-        "sender_id": None,
-        "name": None,
-        "is_err": None,
-        "seq_id": None,
-    }
 
 
 def _message_infos(state: LoopState, message_tokens: list[int] | None = None) -> list[budgeting.MessageInfo]:
@@ -710,16 +689,9 @@ def _relay(
 
     def relay(delta: llm.StreamDelta) -> None:
         state.sink.emit(
-            {
-                "message_type": "delta",
-                "kind": delta.kind,
-                "text": delta.text,
-                "tool_call_id": delta.tool_call_id,
-                "tool_name": delta.tool_name,
-                "step_id": step_id,
-                "run_id": state.run.id,
-                "message_id": message_id,
-            }
+            TokenDelta(
+                delta.kind, delta.text, delta.tool_call_id, delta.tool_name, step_id, state.run.id, message_id
+            ).event()
         )
 
     return relay
@@ -1027,7 +999,7 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.status = Run.Status.CANCELLED
         run.stop_reason = reason = StopReason.CANCELLED
     state.sink.finish(
-        [{"message_type": "stop_reason", "stop_reason": reason}, state.usage.as_dict(run.id)],
+        [StopReasonEvent(reason).event(), state.usage.as_dict(run.id)],
         status=run.status,
         stop_reason=reason,
     )
