@@ -224,6 +224,9 @@ class Run(OrgOwnedModel):
     completed_at = models.DateTimeField(null=True, blank=True)
     total_duration_ns = models.BigIntegerField(null=True, blank=True)
     ttft_ns = models.BigIntegerField(null=True, blank=True)
+    # Set afresh each time an executor claims the run; the loop's writes carry it and the database refuses
+    # them once the run was handed to another executor or failed by recovery (apps.agents.loop.store).
+    lease = models.CharField(max_length=32, blank=True, default="", editable=False)
     created_by = models.ForeignKey(
         "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

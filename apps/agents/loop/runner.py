@@ -199,7 +199,13 @@ def _execute_run(
             if claim.earlier_waiting:  # an earlier run of this conversation goes first
                 raise RunDeferred(run_id)
             return None  # not `created` (any more): executed or cancelled already
-        return _drive(claim.run, sink or NullSink())
+        try:
+            return _drive(claim.run, sink or NullSink())
+        except store.LeaseLost:
+            # Failed by recovery or claimed by another executor meanwhile (this worker was cut off): what
+            # it did since is not stored, and the run, its stream and its result are the other's.
+            logger.warning("agents.run_lease_lost", extra={"run_id": run_id})
+            return None
 
 
 def _drive(run: Run, sink: EventSink) -> TurnResult:
@@ -211,6 +217,8 @@ def _drive(run: Run, sink: EventSink) -> TurnResult:
         _resume_pending_approval(state)
         stop = _loop(state)
         return _finish(state, stop.reason, stop.error)
+    except store.LeaseLost:
+        raise
     except StopRun as stop:
         if state is None:
             return _fail_before_start(run, stop.reason, stop.error)
@@ -701,7 +709,7 @@ def _save_failed_step(state: LoopState, step: Step, exc: LLMError) -> None:
     step.status = Step.Status.FAILED
     step.error_type = type(exc).__name__
     step.error_data = {"message": exc.message}
-    store.save_failed_step(step)
+    store.save_failed_step(step, lease=state.run.lease)
 
 
 # --- tools ------------------------------------------------------------------------------------------
@@ -946,6 +954,7 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
         agent_id=state.agent.id,
         conversation_id=state.conversation_id,
         run_id=state.run.id,
+        lease=state.run.lease,
         also=_system_message_write(state),
     )
     state.in_context.extend(messages)
@@ -955,7 +964,13 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
 def _add_in_context(state: LoopState, messages: list[Message]) -> None:
     """Store messages made outside a step, already placed in `state.in_context`, with the new list."""
     store.add_messages_in_context(
-        messages, state.in_context_ids(), agent_id=state.agent.id, conversation_id=state.conversation_id
+        messages,
+        state.in_context_ids(),
+        agent_id=state.agent.id,
+        conversation_id=state.conversation_id,
+        # A compaction outside any run (compact_thread) works on an unstored probe run: no lease.
+        run_id=state.run.id if state.run.lease else None,
+        lease=state.run.lease,
     )
 
 

@@ -6,17 +6,24 @@ round trip each (data-modifying CTEs, atomic by themselves, no BEGIN/COMMIT). Ea
 organisation or to rows the run has already read under it. The README's statement counts per turn rest
 on this module: a plain turn is claim, load, one persist per step, finish.
 
+Fencing: claiming a run gives it a new lease (Run.lease); the loop's writes during the run carry it and
+call `agents_require_run_lease` (migration agents 0012) in the same statement, so a write from an executor
+whose run was failed by recovery or handed to another executor since (a worker cut off from the database
+that comes back) is refused by the database and changes nothing: the store raises LeaseLost.
+
 A thread is an agent with its conversation (None: the agent's default thread); its in-context message ids
 are on the conversation's row, or on the agent's for the default thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
 from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, pack_trace
@@ -24,6 +31,29 @@ from apps.core.actor import Actor
 from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.memory.models import AgentBlock, Block
 from apps.tools.models import Tool
+
+
+LEASE_LOST_SQLSTATE = "LR001"
+"""What agents_require_run_lease raises when the run is no longer held under the given lease."""
+
+
+class LeaseLost(Exception):
+    """The run was failed by recovery or claimed by another executor since this one claimed it; nothing
+    this executor does to it may be stored any more."""
+
+
+@contextmanager
+def _fenced() -> Iterator[None]:
+    try:
+        yield
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
+            raise LeaseLost(str(exc.__cause__)) from exc
+        raise
+
+
+def _lease_check(run_id: str, lease: str) -> tuple[str, list[Any]]:
+    return "agents_require_run_lease(%s, %s)", [run_id, lease]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +101,7 @@ def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
         "created": Run.Status.CREATED,
         "running": Run.Status.RUNNING,
         "now": timezone.now(),
+        "lease": uuid.uuid4().hex,
         "tool": Message.Role.TOOL,
         "assistant": Message.Role.ASSISTANT,
     }
@@ -86,7 +117,7 @@ def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
                 )
                 LIMIT 1000
             ), claimed AS (
-                UPDATE {table} SET status = %(running)s, started_at = %(now)s
+                UPDATE {table} SET status = %(running)s, started_at = %(now)s, lease = %(lease)s
                 WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
                   AND conversation_id IS NOT DISTINCT FROM %(conversation)s
                   AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
@@ -183,44 +214,59 @@ def persist_step(
     agent_id: str,
     conversation_id: str | None,
     run_id: str,
+    lease: str,
     also: Sequence[tuple[str, list[Any]]] = (),
 ) -> str | None:
     """The step, its messages and their ids appended to the thread's in-context list, with the `also`
     statements, in one statement; returns the run's status as that statement read it (the next step's
     cancel check). Appends the new ids only (not the hundreds already there); the row lock orders it like
-    any writer of the list."""
+    any writer of the list. Raises LeaseLost (nothing written) when the run is no longer held under `lease`."""
     holder, holder_id = _holder(agent_id, conversation_id)
+    held, held_params = _lease_check(run_id, lease)
     status = f"(SELECT status FROM {Run._meta.db_table} WHERE id = %s)"
     if messages:
         then = (
             f"UPDATE {holder._meta.db_table} SET message_ids = message_ids || %s::varchar[] "
-            f"WHERE id = %s RETURNING {status}",
-            [[m.id for m in messages], holder_id, run_id],
+            f"WHERE id = %s AND {held} RETURNING {status}",
+            [[m.id for m in messages], holder_id, *held_params, run_id],
         )
     else:
-        then = (f"SELECT {status}", [run_id])
-    row = insert_all((Step, [step]), (Message, list(messages)), also=list(also), then=then)
+        then = (f"SELECT {status} WHERE {held}", [run_id, *held_params])
+    with _fenced():
+        row = insert_all((Step, [step]), (Message, list(messages)), also=list(also), then=then)
     return row[0] if row else None
 
 
-def save_failed_step(step: Step) -> None:
-    step.save()
+def save_failed_step(step: Step, *, lease: str) -> None:
+    """A step whose LLM call failed. Raises LeaseLost (nothing written) when the run is no longer held."""
+    held, held_params = _lease_check(step.run_id, lease)
+    with _fenced():
+        insert_all((Step, [step]), then=(f"SELECT {held}", held_params))
 
 
 def add_messages_in_context(
-    messages: Sequence[Message], in_context_ids: list[str], *, agent_id: str, conversation_id: str | None
+    messages: Sequence[Message],
+    in_context_ids: list[str],
+    *,
+    agent_id: str,
+    conversation_id: str | None,
+    run_id: str | None,
+    lease: str,
 ) -> None:
     """Store new messages outside a step (an alert, a summary, settled approvals) and the thread's whole
-    in-context id list after them, in one transaction."""
-    with transaction.atomic():
-        Message.all_objects.bulk_create(list(messages))
-        save_in_context(in_context_ids, agent_id=agent_id, conversation_id=conversation_id)
-
-
-def save_in_context(in_context_ids: list[str], *, agent_id: str, conversation_id: str | None) -> None:
-    """Store the thread's whole in-context id list (after a compaction or an alert; steps append)."""
+    in-context id list after them, in one transaction. `run_id` None: made by no run (a compaction
+    requested through the API, which holds the thread's lock), so no lease is checked. Raises LeaseLost
+    (nothing written) when the run is no longer held under `lease`."""
     holder, holder_id = _holder(agent_id, conversation_id)
-    holder.all_objects.filter(id=holder_id).update(message_ids=in_context_ids)
+    condition, params = ("", []) if run_id is None else _lease_check(run_id, lease)
+    with _fenced(), transaction.atomic():
+        Message.all_objects.bulk_create(list(messages))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {holder._meta.db_table} SET message_ids = %s::varchar[] WHERE id = %s"
+                + (f" AND {condition}" if condition else ""),
+                [in_context_ids, holder_id, *params],
+            )
 
 
 def store_traces(traces: Sequence[tuple[str, Any, Any]]) -> None:
@@ -244,7 +290,8 @@ def store_traces(traces: Sequence[tuple[str, Any, Any]]) -> None:
 def save_finished(run: Run, agent_id: str) -> tuple[bool, str | None]:
     """The run's terminal state and the agent's last-run fields in one statement. A cancelled run keeps its
     status: the user's cancel wins over the loop's own ending. Returns False when the run had been
-    cancelled, and the id of the conversation's next waiting run, if any (the same statement reads it)."""
+    cancelled, and the id of the conversation's next waiting run, if any (the same statement reads it).
+    Raises LeaseLost (nothing written) when the run is no longer held under `run.lease`."""
 
     def run_field(name: str) -> models.Field[Any, Any]:
         return _column_field(Run, name)
@@ -271,17 +318,20 @@ def save_finished(run: Run, agent_id: str) -> tuple[bool, str | None]:
         *(run_field(name).get_db_prep_save(value, connection) for name, value in run_values.items()),
         run.id,
         Run.Status.CANCELLED,
+        run.id,
+        run.lease,
         *(agent_field(name).get_db_prep_save(value, connection) for name, value in agent_values.items()),
         agent_id,
         agent_id,
         run.conversation_id,
         Run.Status.CREATED,
     ]
-    with connection.cursor() as cursor:
+    with _fenced(), connection.cursor() as cursor:
         cursor.execute(
             f"""
             WITH finished AS (
-                UPDATE {Run._meta.db_table} SET {run_set} WHERE id = %s AND status <> %s RETURNING id
+                UPDATE {Run._meta.db_table} SET {run_set}
+                WHERE id = %s AND status <> %s AND agents_require_run_lease(%s, %s) RETURNING id
             ), agent AS (
                 UPDATE {Agent._meta.db_table} SET {agent_set} WHERE id = %s
             )
@@ -304,8 +354,9 @@ def _column_field(model: type[models.Model], name: str) -> models.Field[Any, Any
 
 
 def fail_before_start(run: Run, reason: str, error: str | None) -> None:
-    """A run that failed before its first step (its agent or model could not be loaded), read back."""
-    Run.all_objects.filter(id=run.id).update(
+    """A run that failed before its first step (its agent or model could not be loaded), read back; not
+    when it is no longer held under its lease."""
+    Run.all_objects.filter(id=run.id, lease=run.lease).update(
         status=Run.Status.FAILED,
         stop_reason=reason,
         completed_at=timezone.now(),
