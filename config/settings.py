@@ -94,6 +94,32 @@ DATABASES = {"default": env.db_url("DATABASE_URL")}
 # Persistent connections: a new PostgreSQL connection per request is what made Letta slow.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=300)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A session whose peer is gone (a worker cut off by a partition, a lost machine) must end within this many
+# seconds on both sides, so its per-conversation advisory lock (apps.agents.locks) is released for another
+# worker, instead of after the kernel's TCP defaults (hours). Client side: libpq's keepalives and
+# tcp_user_timeout; server side: the same settings for this session (`-c` options). TCP connections only
+# (the embedded PostgreSQL's Unix socket needs none). 0: leave both to the system.
+DATABASE_TCP_TIMEOUT = env.int("DATABASE_TCP_TIMEOUT", default=30)
+if DATABASE_TCP_TIMEOUT > 0:
+    _idle, _interval = max(1, DATABASE_TCP_TIMEOUT // 3), max(1, DATABASE_TCP_TIMEOUT // 6)
+    _database_options = DATABASES["default"].setdefault("OPTIONS", {})
+    _database_options.update(
+        keepalives=1,
+        keepalives_idle=_idle,
+        keepalives_interval=_interval,
+        keepalives_count=4,
+        tcp_user_timeout=DATABASE_TCP_TIMEOUT * 1000,
+    )
+    _database_options["options"] = " ".join(
+        filter(
+            None,
+            [
+                _database_options.get("options", ""),
+                f"-c tcp_keepalives_idle={_idle} -c tcp_keepalives_interval={_interval}",
+                f"-c tcp_keepalives_count=4 -c tcp_user_timeout={DATABASE_TCP_TIMEOUT * 1000}",
+            ],
+        )
+    )
 # A connection pool (psycopg_pool) of at most this many connections instead: for the web process, where
 # under ASGI every request runs in a thread of its own, so persistent connections are never reused
 # (`make run` sets it for daphne from WEB_DATABASE_POOL_MAX_SIZE). 0: no pool.
@@ -218,6 +244,11 @@ RUN_EXECUTOR = env.str("RUN_EXECUTOR", default="celery")
 # Messages an executing process keeps in memory once loaded (stored messages never change), so a run
 # fetches only those it has not seen; 0: fetch every in-context message on every run.
 MESSAGE_CACHE_SIZE = env.int("MESSAGE_CACHE_SIZE", default=20_000)
+# Graceful shutdown (SIGTERM), within an orchestrator's usual 30 s: a worker waits this long for its runs,
+# then hands back those still going (apps.agents.worker_shutdown); the web process waits this long for
+# its requests and streams, then closes what is left (config/serve.py).
+WORKER_SHUTDOWN_TIMEOUT = env.float("WORKER_SHUTDOWN_TIMEOUT", default=25.0)
+WEB_SHUTDOWN_TIMEOUT = env.float("WEB_SHUTDOWN_TIMEOUT", default=10.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-runs": {
         "task": "agents.recover_runs",
