@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -130,7 +131,7 @@ def _requirements(value: Any) -> list[Any]:
     return value
 
 
-def validate_config_fields(sandbox_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+def validate_config_fields(sandbox_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:
     """The given fields, checked for a config of `sandbox_type`, as model values. Raises
     SandboxFieldInvalid (an unknown field, a malformed value, a limit outside the platform's)."""
     if sandbox_type not in SandboxConfig.Type.values:
@@ -196,7 +197,7 @@ def _locked(actor: Actor, config: SandboxConfig) -> SandboxConfig:
 
 
 @transaction.atomic
-def sandbox_config_upsert(*, actor: Actor, sandbox_type: str, **fields: Any) -> SandboxConfig:
+def sandbox_config_upsert(*, actor: Actor, sandbox_type: str, fields: Mapping[str, Any]) -> SandboxConfig:
     """Set the organisation's config of `sandbox_type` to `fields` (others: defaults), creating it if
     there is none (Letta's create-or-update: one config per type). Raises PermissionDenied,
     SandboxFieldInvalid."""
@@ -239,7 +240,9 @@ def sandbox_config_get_or_create_default(*, actor: Actor, sandbox_type: str) -> 
 
 
 @transaction.atomic
-def sandbox_config_update(*, actor: Actor, sandbox_config_id: str, **fields: Any) -> SandboxConfig:
+def sandbox_config_update(
+    *, actor: Actor, sandbox_config_id: str, fields: Mapping[str, Any]
+) -> SandboxConfig:
     """Change the given fields of a config, keep the others. Raises PermissionDenied, NotFound,
     SandboxFieldInvalid."""
     _require_manage(actor)

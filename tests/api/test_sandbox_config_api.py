@@ -158,6 +158,19 @@ def test_a_local_config_refuses_what_the_jail_cannot_do(client, actor, body, fie
     assert configs(actor) == []
 
 
+@pytest.mark.parametrize("key", ["actor", "sandbox_type", "sandbox_config_id", "fields"])
+def test_a_config_key_named_like_a_service_argument_is_refused_by_name(client, actor, key):
+    """Found by the schema fuzzer: such a key reached the service as a keyword argument (a 500)."""
+    local = client.post(f"{ROOT}/local", {key: 1}, format="json")
+    created = client.post(f"{ROOT}/", {"config": {key: 1}}, format="json")
+    config_id = client.post(f"{ROOT}/docker/default").json()["id"]
+    updated = client.patch(f"{ROOT}/{config_id}", {"config": {key: 1}}, format="json")
+
+    for response in (local, created, updated):
+        assert response.status_code == 422, response.content
+        assert key in str(response.json()["errors"])
+
+
 @pytest.mark.parametrize("kind", ["local", "e2b", "docker"])
 def test_a_default_config_is_created_once(client, actor, kind):
     first = client.post(f"{ROOT}/{kind}/default")

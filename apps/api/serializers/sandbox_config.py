@@ -104,7 +104,7 @@ class SandboxConfigCreateIn(serializers.Serializer):
         config = data["config"]
         return {
             "sandbox_type": sandbox_type(data.get("type") or config.get("type")),
-            **config_fields(config),
+            "fields": config_fields(config),
         }
 
 
@@ -112,7 +112,7 @@ class SandboxConfigUpdateIn(serializers.Serializer):
     config = serializers.DictField(required=False, default=dict)
 
     def service_kwargs(self) -> dict[str, Any]:
-        return config_fields(self.validated_data["config"])
+        return {"fields": config_fields(self.validated_data["config"])}
 
 
 class SandboxEnvVarOut(serializers.Serializer):

@@ -91,7 +91,7 @@ class SandboxConfigLocalApi(SandboxApiView):
         if s.sandbox_type(body.get("type") or "local") != "local":
             raise serializers.ValidationError({"type": ["Provided config must be of type 'local'."]})
         config = sandbox_services.sandbox_config_upsert(
-            actor=self.actor, sandbox_type="local", **s.config_fields(body)
+            actor=self.actor, sandbox_type="local", fields=s.config_fields(body)
         )
         return Response(s.SandboxConfigOut(config).data)
 
