@@ -20,8 +20,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from apps.accounts.selectors import staff_organization_ids
-from apps.agents.models import Run
+from apps.agents.selectors import run_visible_to_user
 from apps.api.throttles import STREAM_CLOSE_CODE, StreamSlot, astream_slot, too_many_streams_reason
 from apps.streams.events import END_EVENT, START, stream_key
 from apps.streams.redis_client import get_async_redis
@@ -33,8 +32,7 @@ NOT_FOUND = 4404
 @database_sync_to_async
 def _run_visible_to(user: Any, run_id: str) -> bool:
     """Existence is not leaked: another organisation's run looks exactly like a missing one."""
-    org_ids = staff_organization_ids(user=user)
-    return Run.objects.unscoped().filter(id=run_id, organization_id__in=org_ids).exists()
+    return run_visible_to_user(user=user, run_id=run_id)
 
 
 class RunStreamConsumer(AsyncWebsocketConsumer):

@@ -29,14 +29,14 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from apps.agents.errors import AgentFileError, AgentFileTooLarge
 from apps.agents.loop.convert import text_of
 from apps.agents.models import Agent, AgentSecret, AgentType, Conversation, Message
 from apps.agents.selectors import agent_get
-from apps.agents.services import BlockSpec, agent_create, agent_update
 from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE, thread_system_message_id
 from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import DomainError, InvalidInput, NotFound, PermissionDenied
+from apps.core.errors import DomainError, NotFound, PermissionDenied
 from apps.core.jsondepth import nesting_exceeds
 from apps.core.permissions import Action
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
@@ -65,23 +65,6 @@ LEGACY_FORMAT_MESSAGE = (
 MESSAGE_ROLES = {"user", "assistant", "system", "tool", "approval", "summary", "function"}
 LETTA_ENDPOINT_TYPES = {"openai", "anthropic", "ollama"}
 """Provider types whose name is also a Letta `model_endpoint_type`; the others are OpenAI-compatible."""
-
-
-class AgentFileError(InvalidInput):
-    """An agent file that cannot be imported (corrupt JSON, legacy format, bad fields or references)."""
-
-    code = "invalid_agent_file"
-
-
-class AgentFileTooLarge(AgentFileError):
-    """A file past AGENT_FILE_MAX_BYTES (the API answers 413)."""
-
-    code = "agent_file_too_large"
-
-    @classmethod
-    def over_limit(cls) -> AgentFileTooLarge:
-        limit = settings.AGENT_FILE_MAX_BYTES
-        return cls(f"The agent file is larger than {limit:,} bytes (the limit, AGENT_FILE_MAX_BYTES)")
 
 
 # --- folders and files: built by apps.folders, which registers them here ------------------------------
@@ -967,6 +950,8 @@ def _create_agent(
     secrets: dict[str, str],
     leave_out_tools: set[str],
 ) -> Agent:
+    from apps.agents.services import BlockSpec, agent_create  # services re-exports this module's operations
+
     llm = file_agent.llm_config or FileLLMConfig()
     emb = file_agent.embedding_config or FileEmbeddingConfig()
     declared = {**(file_agent.tool_exec_environment_variables or {}), **(file_agent.secrets or {})}
@@ -1123,6 +1108,8 @@ def agent_clone(*, actor: Actor, agent_id: str, name: str | None = None) -> Agen
     model settings and secret values, and its sleeptime setting; no messages and no folders. Named "<name> copy" unless
     `name` is given; secret values only for who may configure the source (others get the keys, as an
     export gives them). Raises AgentNotFound, InvalidInput."""
+    from apps.agents.services import agent_update  # above this module, as in _create_agent
+
     source = agent_get(actor=actor, agent_id=agent_id)
     document = agent_export(actor=actor, agent_id=agent_id, scrub_messages=True, include_folders=False)
     may_configure = permissions.allows(actor, Action.AGENT_CONFIGURE, creator_id=source.created_by_id)

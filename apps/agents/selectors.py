@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,11 +12,20 @@ from django.db import connection
 from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
 
 from apps.accounts.models import User
+from apps.accounts.selectors import staff_organization_ids
 from apps.agents.errors import AgentNotFound
 from apps.agents.loop.budget import ContextBreakdown, ContextBudget, MessageInfo, context_breakdown
 from apps.agents.loop.events import NullSink, UsageStatistics
-from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step
+from apps.agents.models import Agent, AgentSecret, Conversation, Message, Run, Step, StopReason
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
+from apps.agents.recall import MAX_LIMIT as RECALL_MAX_LIMIT  # noqa: F401 - recall search, for the adapters
+from apps.agents.recall import SEARCH_MODES as RECALL_SEARCH_MODES  # noqa: F401
+from apps.agents.recall import (  # noqa: F401
+    agent_zone,
+    conversation_search,
+    organization_search,
+    parse_time_bound,
+)
 from apps.agents.system_messages import THREAD_SYSTEM_MESSAGE
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput, NotFound
@@ -877,3 +886,29 @@ def thread_run_list(
     if active:
         qs = qs.filter(status__in=ACTIVE_RUN_STATUSES)
     return qs.order_by("-created_at")
+
+
+def run_awaiting_approval(*, actor: Actor, run: Run, messages: Sequence[Message]) -> Message | None:
+    """The approval request `run` stopped on, read from the run itself (`messages`: its own, oldest first):
+    its last message, while the run is its thread's newest. The run's stream ends in the browser before
+    its writes are all visible in the thread, and a turn fetched at that moment must still come with its
+    decision form."""
+    last = messages[-1] if messages else None
+    if run.stop_reason != StopReason.REQUIRES_APPROVAL or last is None:
+        return None
+    if last.role != Message.Role.APPROVAL or not last.tool_calls:
+        return None
+    newest = (
+        thread_run_list(actor=actor, agent_id=run.agent_id, conversation_id=run.conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return last if newest == run.id else None
+
+
+def run_visible_to_user(*, user: User, run_id: str) -> bool:
+    """Whether the run belongs to one of the user's organisations (for the WebSocket relay, which has a
+    user but no actor). Another organisation's run looks exactly like a missing one."""
+    org_ids = staff_organization_ids(user=user)
+    return Run.objects.unscoped().filter(id=run_id, organization_id__in=org_ids).exists()

@@ -15,7 +15,24 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.accounts.models import Organization
-from apps.agents.errors import AgentNotFound, InvalidAgentName, NoPendingApproval, PendingApproval
+from apps.agents.agent_file import (  # noqa: F401 - agent files' operations, for the adapters
+    AgentFile,
+    ImportResult,
+    Refusal,
+    agent_clone,
+    agent_export,
+    agent_import,
+    parse_agent_file,
+)
+from apps.agents.errors import (
+    AgentNotFound,
+    ApprovalAlreadyDecided,
+    InvalidAgentName,
+    MaxStepsExceeded,
+    NoPendingApproval,
+    PendingApproval,
+    ToolRulesChanged,
+)
 from apps.agents.loop.convert import text_of, to_letta_messages
 from apps.agents.loop.events import EventSink, StopReasonEvent
 from apps.agents.loop.messages import summary_from_message_text
@@ -377,6 +394,15 @@ def pending_approval(*, agent: Agent, conversation: Conversation | None) -> Mess
     return None
 
 
+def pending_approval_for(*, agent: Agent, conversation: Conversation | None, request_id: str) -> Message:
+    """The approval request `request_id`, while it is the one awaiting a decision (a decision is made on
+    what a person saw). Raises ApprovalAlreadyDecided when it was decided meanwhile, or never pending."""
+    pending = pending_approval(agent=agent, conversation=conversation)
+    if pending is None or pending.id != request_id:
+        raise ApprovalAlreadyDecided("This tool call was already decided. Reload to see what happened.")
+    return pending
+
+
 def _locked_with_last_message_role(
     model: type[Agent] | type[Conversation], actor: Actor, row_id: str, *, agent_id: str | None = None
 ) -> Any:
@@ -408,12 +434,6 @@ def _locked_with_last_message_role(
 
 DEFAULT_MAX_STEPS = 50
 """Letta's default `max_steps`: a run's step budget when the request names none (at most the limit)."""
-
-
-class MaxStepsExceeded(InvalidInput):
-    """A request's max_steps above its organisation's limit (the API answers 422)."""
-
-    code = "max_steps_exceeded"
 
 
 def _step_budget(max_steps: int | None, org_limit: int | None) -> int:
@@ -1186,6 +1206,50 @@ def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency
     agent.sleeptime_agent_frequency = frequency
     agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
     return agent
+
+
+@transaction.atomic
+def agent_set_temperature(*, actor: Actor, agent_id: str, temperature: float) -> Agent:
+    """Set the sampling temperature, keeping the provider extras of model_settings (read under the agent's
+    lock, so a concurrent change of them is not undone). Raises AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    settings_ = {**agent.model_settings, "temperature": temperature}
+    return agent_update(actor=actor, agent_id=agent.id, model_settings=settings_)
+
+
+@transaction.atomic
+def agent_tool_rule_save(
+    *,
+    actor: Actor,
+    agent_id: str,
+    rule: dict[str, Any],
+    index: int | None = None,
+    expected: dict[str, Any] | None = None,
+) -> Agent:
+    """Append a tool rule (`index` None) or replace the one at `index`. With `expected`, the rule being
+    replaced must still be that one: compare-and-set under the agent's lock, so an edit made on a stale copy
+    never overwrites someone else's. Raises ToolRulesChanged, ToolRuleError (the rules module's readable
+    message, `tool_rules[i]` naming the rule), AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    rules = list(agent.tool_rules)
+    if index is not None and (index >= len(rules) or (expected is not None and rules[index] != expected)):
+        raise ToolRulesChanged("The agent's rules changed since this form opened: cancel and edit again.")
+    if index is None:
+        rules.append(rule)
+    else:
+        rules[index] = rule
+    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
+
+
+@transaction.atomic
+def agent_tool_rule_delete(*, actor: Actor, agent_id: str, index: int) -> Agent:
+    """Remove the tool rule at `index` (none there: nothing changes). Raises AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    rules = list(agent.tool_rules)
+    if index >= len(rules):
+        return agent
+    del rules[index]
+    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
 
 
 # --- Archives attached to agents (issue 18: /v1/agents/{agent_id}/archives/...) ---------------------------

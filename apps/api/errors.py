@@ -15,9 +15,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from apps.agents.agent_file import AgentFileTooLarge
-from apps.agents.errors import PendingApproval
-from apps.agents.services import MaxStepsExceeded
+from apps.agents.errors import AgentFileTooLarge, MaxStepsExceeded, PendingApproval
 from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound, PermissionDenied
 from apps.folders.errors import FileTooLarge, UnsupportedFileType
 

@@ -29,8 +29,8 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
 from apps.agents import selectors as agent_selectors
-from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Run
+from apps.agents.wire import to_letta_messages
 from apps.api.errors import log_internal_error
 from apps.api.throttles import StreamSlot
 from apps.core.actor import Actor

@@ -15,7 +15,11 @@ from apps.core.actor import Actor
 from apps.core.errors import NotFound
 from apps.core.outbound import OutboundRefused, guarded_client, without_credentials
 from apps.core.pagination import PageParams, paginate
-from apps.llm.handles import ANTHROPIC_API_BASE, OPENAI_API_BASE
+from apps.llm.handles import (
+    ANTHROPIC_API_BASE,
+    DEFAULT_CONTEXT_WINDOW,  # noqa: F401 - for the adapters (as OPENAI_API_BASE)
+    OPENAI_API_BASE,
+)
 from apps.llm.models import Provider
 
 logger = logging.getLogger(__name__)

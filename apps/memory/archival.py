@@ -34,7 +34,15 @@ from apps.core.permissions import Action
 from apps.llm.embeddings import embed
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import EmbeddingTarget, resolve_embedding
-from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Passage, vector_index_expression
+from apps.memory.errors import ArchiveNotFound, EmbeddingModelMissing, PassageNotFound
+from apps.memory.models import (
+    MAX_ARCHIVE_NAME_LENGTH,
+    Archive,
+    ArchiveStats,
+    ArchiveTag,
+    Passage,
+    vector_index_expression,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,24 +54,9 @@ DEFAULT_TOP_K = 10
 MAX_TOP_K = 100
 """Searches return at most this many passages: more would not fit a tool return anyway."""
 MAX_TAG_LENGTH = 100  # Passage.tags items are varchar(100)
-MAX_ARCHIVE_NAME_LENGTH = 200  # Archive.name is varchar(200)
 TEXT_MATCH_SCORE = 1.0
 """Score of a passage found by text match: it contains every word of the query, which ranks it ahead of
 passages that are only near in meaning (cosine similarity is at most 1)."""
-
-
-class EmbeddingModelMissing(InvalidInput):
-    """Archival memory was used without a usable embedding handle (empty, unknown or unconfigured)."""
-
-    code = "embedding_model_missing"
-
-
-class PassageNotFound(NotFound):
-    code = "passage_not_found"
-
-
-class ArchiveNotFound(NotFound):
-    code = "archive_not_found"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,3 +19,17 @@ class BlockConcurrentUpdate(Conflict):
 
 class DuplicateBlockLabel(InvalidInput):
     code = "duplicate_block_label"
+
+
+class EmbeddingModelMissing(InvalidInput):
+    """Archival memory was used without a usable embedding handle (empty, unknown or unconfigured)."""
+
+    code = "embedding_model_missing"
+
+
+class PassageNotFound(NotFound):
+    code = "passage_not_found"
+
+
+class ArchiveNotFound(NotFound):
+    code = "archive_not_found"

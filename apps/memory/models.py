@@ -23,6 +23,7 @@ from apps.core.models import OrgOwnedModel
 DEFAULT_BLOCK_LIMIT = 100_000  # characters, Letta's CORE_MEMORY_BLOCK_CHAR_LIMIT
 INDEXED_VECTOR_DIMENSIONS = (384, 768, 1024, 1536)  # pgvector's HNSW on `vector` stops at 2,000 dims
 INDEXED_HALFVEC_DIMENSIONS = (3072,)  # larger models go through halfvec (up to 4,000 dims)
+MAX_ARCHIVE_NAME_LENGTH = 200  # Archive.name
 
 
 def vector_index_expression(dimension: int) -> Cast:
@@ -127,7 +128,7 @@ class Archive(OrgOwnedModel):
     may change it (the role matrix's ARCHIVE_WRITE); an agent's own archive is its agent's creator's."""
 
     id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_archive_id, editable=False)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=MAX_ARCHIVE_NAME_LENGTH)
     description = models.TextField(blank=True, default="")
     embedding = models.CharField(max_length=200, blank=True, default="", help_text="Embedding model handle.")
     embedding_dim = models.PositiveIntegerField(null=True, blank=True)

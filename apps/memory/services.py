@@ -16,6 +16,14 @@ from apps.core.actor import Actor
 from apps.core.db import insert_sql, mark_saved
 from apps.core.errors import InvalidInput
 from apps.core.permissions import Action
+from apps.memory.archival import (  # noqa: F401 - archival memory's writes, for the other apps and adapters
+    PassageSpec,
+    archive_create,
+    archive_delete,
+    archive_passage_delete,
+    archive_passages_create,
+    archive_update,
+)
 from apps.memory.errors import BlockConcurrentUpdate, BlockNotFound, BlockTooLong, DuplicateBlockLabel
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
 from apps.memory.selectors import block_get

@@ -52,10 +52,11 @@ from mcp_types import PARSE_ERROR, CallToolResult
 
 from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.errors import Conflict, DomainError, InvalidInput, NotFound
+from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.outbound import OutboundRefused, check_headers, check_url, guarded_async_client
 from apps.core.permissions import Action
 from apps.sandbox import jail
+from apps.tools.errors import McpServerError, McpToolNameConflict
 from apps.tools.execution import ToolContext, ToolResult
 from apps.tools.models import MCPServer, Tool
 
@@ -110,24 +111,6 @@ def _setting_list(name: str) -> list[str]:
     value = getattr(settings, name, None) or []
     items = value.split(",") if isinstance(value, str) else value
     return [str(item).strip() for item in items if str(item).strip()]
-
-
-class McpServerError(DomainError):
-    """The MCP server could not be reached, did not answer in time, or broke the protocol.
-
-    `message` is short and safe to show a model; `stderr_tail` (stdio) is for the admin and the logs.
-    """
-
-    code = "mcp_server_error"
-
-    def __init__(self, message: str, *, stderr_tail: str = "", timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.stderr_tail = stderr_tail
-        self.timed_out = timed_out
-
-
-class McpToolNameConflict(Conflict):
-    code = "mcp_tool_name_conflict"
 
 
 # --- the client: one connection per operation -----------------------------------------------------------

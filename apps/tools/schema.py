@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.core.errors import InvalidInput
+from apps.tools.errors import ToolSchemaError
 
 __all__ = [
     "INJECTED_PARAMS",
@@ -34,12 +34,6 @@ MAX_TOOL_NAME_LENGTH = 64
 """OpenAI rejects longer function names."""
 
 _SUPPORTED = "str, int, float, bool, list[...], dict, tuple[...], Optional[...] / X | None or Literal[...]"
-
-
-class ToolSchemaError(InvalidInput):
-    """Tool source from which no schema can be built; the message says what to fix."""
-
-    code = "invalid_tool_schema"
 
 
 def validate_tool_name(name: object) -> str:

@@ -1,12 +1,29 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.db.models import QuerySet
 
 from apps.core.actor import Actor
 from apps.core.errors import NotFound
+from apps.tools.builtin import BUILTIN_TOOLS
+from apps.tools.mcp import (  # noqa: F401 - MCP servers' reads, for the adapters
+    RemoteTool,
+    mcp_server_get,
+    mcp_server_get_by_name,
+    mcp_server_list,
+    mcp_server_remote_tools,
+    mcp_server_tool_get,
+    mcp_server_tools,
+)
 from apps.tools.models import Tool
+from apps.tools.rules import (
+    ToolRuleError,
+    ToolRuleType,  # noqa: F401 - the rule types, for the adapters' forms
+    describe_tool_rule,
+    parse_tool_rules,
+)
 
 
 def tool_list(*, actor: Actor, name: str | None = None) -> QuerySet[Tool]:
@@ -99,3 +116,20 @@ def tool_search(
             ranked.append((tool, score))
     ranked.sort(key=lambda pair: (-pair[1], pair[0].name))
     return ranked[:limit]
+
+
+# --- built-ins and tool rules, for the ADE's configuration column ------------------------------------------
+
+
+def builtin_tool_names() -> list[str]:
+    """Every built-in tool this server defines, whether or not the organisation has its row yet."""
+    return list(BUILTIN_TOOLS)
+
+
+def tool_rule_descriptions(raw_rules: list[Any]) -> list[str]:
+    """Each stored rule as the plain-English line the agent's prompt gets, in order; "" for each when the
+    rules do not parse (stored before a check they now fail)."""
+    try:
+        return [describe_tool_rule(rule) for rule in parse_tool_rules(raw_rules)]
+    except ToolRuleError:
+        return ["" for _ in raw_rules]

@@ -15,6 +15,15 @@ from apps.sandbox.images import BadRequirement, normalize_requirements
 from apps.sandbox.selection import run_in_sandbox
 from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
 from apps.tools.execution import ToolStatus, cut_to_limit, output_lines, stringify
+from apps.tools.mcp import (  # noqa: F401 - MCP servers' writes, for the adapters
+    SyncSummary,
+    mcp_server_create,
+    mcp_server_delete,
+    mcp_server_sync_tools,
+    mcp_server_update,
+    mcp_tool_register,
+    mcp_tool_run,
+)
 from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
 from apps.tools.schema import ToolSchemaError, generate_schema, parse_google_docstring, validate_tool_name
 from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX
@@ -45,6 +54,14 @@ def tool_upsert_builtins(
                 setattr(tool, key, value)
             tool.save(update_fields=[*definition, "updated_at"])
     return existing
+
+
+def tool_upsert_builtin(*, actor: Actor, name: str) -> Tool:
+    """The organisation's row of one built-in tool, made current (see tool_upsert_builtins). Raises
+    InvalidInput for a name that is no built-in."""
+    if name not in BUILTIN_TOOLS:
+        raise InvalidInput(f"Unknown built-in tool '{name}'")
+    return tool_upsert_builtins(actor=actor, names=[name])[name]
 
 
 # --- user tools through the /v1/tools API: create / upsert by name, update, delete, run, approval rules ---

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -82,7 +83,7 @@ def test_each_field_saves_and_tells_the_memory_column(
     response = owner_client.post(url(agent, f"field/{key}/"), posted, **HTMX)
 
     assert response.status_code == 200
-    assert response["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(response["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert "Saved ✓" in response.content.decode()
     assert getattr(fresh(agent), column) == expected
 
@@ -149,7 +150,7 @@ def test_attach_and_detach_a_custom_tool(owner_client: Client, agent: Agent, act
     attached = owner_client.post(url(agent, "tools/attach/"), {"tool": tool.id}, **HTMX)
 
     assert attached.status_code == 200
-    assert attached["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(attached["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert 'data-tool-name="lookup_order"' in attached.content.decode()
     assert fresh(agent).tools.filter(id=tool.id).exists()
 
@@ -222,7 +223,7 @@ def test_every_rule_type_can_be_added(
     response = owner_client.post(url(agent, "rules/new/"), posted, **HTMX)
 
     assert response.status_code == 200
-    assert response["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(response["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert 'data-testid="rule-item"' in response.content.decode()
     assert fresh(agent).tool_rules == [stored]
 
@@ -289,7 +290,7 @@ def test_remove_a_rule(owner_client: Client, actor: Actor) -> None:
     response = owner_client.post(url(agent, "rules/0/delete/"), **HTMX)
 
     assert response.status_code == 200
-    assert response["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(response["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert fresh(agent).tool_rules == [rules[1]]
 
 
@@ -327,7 +328,7 @@ def test_turn_sleeptime_on_with_a_frequency_then_off(owner_client: Client, agent
     on = owner_client.post(url(agent, "sleeptime/"), {"enabled": "on", "frequency": "3"}, **HTMX)
 
     assert on.status_code == 200
-    assert on["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(on["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert (fresh(agent).enable_sleeptime, fresh(agent).sleeptime_agent_frequency) == (True, 3)
     assert fresh(agent).sleeptime_agent is not None
     assert "Open the sleeptime agent" in on.content.decode()

@@ -5,6 +5,7 @@ commit, which a test transaction never reaches)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -520,7 +521,7 @@ def test_attach_a_folder_open_and_close_its_files_then_detach_it(owner_client, a
     assert 'data-testid="no-attached-folders"' in workspace
     assert '<option value="' + folder.id + '">handbook</option>' in workspace
     assert attach.status_code == 200
-    assert attach["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(attach["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert "Attached “handbook”: the agent has its files and the file tools." in attached
     assert 'data-folder-name="handbook"' in attached
     assert 'data-file-name="notes.txt" data-open="true"' in attached

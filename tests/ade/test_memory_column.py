@@ -3,6 +3,7 @@ restore), archival and recall memory, all scoped to the signed-in user's organis
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -113,7 +114,7 @@ def test_saving_a_block_writes_a_new_version_recorded_as_the_users_edit(
 
     block.refresh_from_db()
     assert response.status_code == 200
-    assert response["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(response["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert "Saved · version 2" in response.content.decode()
     assert block.value == "Name: Ada\nLikes tea"
     assert block.version == 2
@@ -185,7 +186,7 @@ def test_history_shows_who_changed_what_as_a_diff_and_restore_brings_a_version_b
 
     block.refresh_from_db()
     assert response.status_code == 200
-    assert response["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(response["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert block.value == "Name: unknown"
     assert block.version == 4
     assert "Name: unknown</textarea>" in response.content.decode()
@@ -271,7 +272,7 @@ def test_adding_searching_filtering_and_deleting_passages(
     )
 
     assert added.status_code == 200
-    assert added["HX-Trigger"] == "ade:agent-changed"
+    assert json.loads(added["HX-Trigger"]) == {"ade:agent-changed": {}}
     assert "Passage saved to archival memory." in added.content.decode()
     archive_ids = [a.id for a in archival.agent_archives(actor=actor, agent_id=agent.id)]
     passages = {p.text: p for p in archival.passage_list(actor=actor, archive_ids=archive_ids)}

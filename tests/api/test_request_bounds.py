@@ -22,7 +22,7 @@ from django.db import connections
 
 from apps.accounts.models import User
 from apps.accounts.services import api_key_create
-from apps.agents import agent_file as agent_file_module
+from apps.agents import services as agent_services
 from apps.tools.models import Tool
 from tests.support.ade_server import AdeServer
 from tests.support.workers import worker_env
@@ -167,7 +167,7 @@ def test_an_agent_file_with_oversized_tool_source_is_refused_and_imports_nothing
 def test_an_agent_file_over_its_limit_is_413_before_it_is_read(api_client_for, actor, settings, monkeypatch):
     settings.AGENT_FILE_MAX_BYTES = 1000
     read: list[object] = []
-    monkeypatch.setattr(agent_file_module, "parse_agent_file", read.append)
+    monkeypatch.setattr(agent_services, "parse_agent_file", read.append)
     raw = json.dumps(agent_file(description="x" * 1000)).encode()
     upload = SimpleUploadedFile("agent.af", raw, content_type="application/json")
 

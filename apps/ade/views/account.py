@@ -21,14 +21,15 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRefresh
 
 from apps.accounts import selectors as account_selectors
 from apps.accounts import services as account_services
-from apps.accounts.models import Membership
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.forms.account import ApiKeyForm, InvitationForm, MemberRoleForm, ProviderForm
+from apps.ade.views.base import AdeRequest, ade_view, redirect_after_action
 from apps.core import permissions
 from apps.core.actor import Role
-from apps.core.errors import Conflict, DomainError, InvalidInput
+from apps.core.errors import Conflict, InvalidInput
 from apps.core.permissions import Action
 from apps.llm import selectors as llm_selectors
 from apps.llm import services as llm_services
@@ -97,13 +98,14 @@ def providers(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return _render(request, "providers", _providers_context(request))
     # The key is read once here and never put back into a page, not even when the form is refused.
-    form = {key: request.POST.get(key, "").strip() for key in ("provider_type", "name", "base_url")}
-    try:
-        provider = llm_services.provider_create(
-            actor=request.actor, api_key=request.POST.get("api_key", ""), **form
-        )
-    except (InvalidInput, Conflict) as exc:
-        context = _providers_context(request, form=form, error=exc.message)
+    form = ProviderForm(request.POST)
+    if form.is_valid():  # text, as typed: the service judges it
+        try:
+            provider = llm_services.provider_create(actor=request.actor, **form.cleaned_data)
+        except (InvalidInput, Conflict) as exc:
+            form.add_domain_error(exc)
+    if not form.is_valid():
+        context = _providers_context(request, form=form.values(), error=form.first_error)
         return _render(request, "providers", context, status=422)
     notice = f"Provider '{provider.name}' added: use it in handles such as {provider.name}/<model>."
     if not request.htmx:
@@ -135,11 +137,15 @@ def _api_keys_context(request: AdeRequest, **extra: Any) -> dict[str, Any]:
 def api_keys(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return _render(request, "api_keys", _api_keys_context(request))
-    name = request.POST.get("name", "").strip()
-    if not name or len(name) > 200:
-        error = "Give the key a name (at most 200 characters), e.g. where it will be used."
-        return _render(request, "api_keys", _api_keys_context(request, error=error, name=name), status=422)
-    created = account_services.api_key_create(actor=request.actor, user=request.user, name=name)  # type: ignore[arg-type]
+    form = ApiKeyForm(request.POST)
+    if not form.is_valid():
+        context = _api_keys_context(request, error=form.first_error, name=form.values()["name"])
+        return _render(request, "api_keys", context, status=422)
+    created = account_services.api_key_create(
+        actor=request.actor,
+        user=request.user,  # type: ignore[arg-type]
+        name=form.cleaned_data["name"],
+    )
     # The raw key is in this one response and nowhere else: no redirect, no session, no cache.
     response = _render(request, "api_keys", _api_keys_context(request, created=created))
     response["Cache-Control"] = "no-store"
@@ -180,8 +186,8 @@ def _members_result(request: AdeRequest, notice: str) -> HttpResponse:
     return _render(request, "members", _members_context(request, notice=notice))
 
 
-def _members_error(request: AdeRequest, error: DomainError, **extra: Any) -> HttpResponse:
-    return _render(request, "members", _members_context(request, error=error.message, **extra), status=422)
+def _members_error(request: AdeRequest, error: str, **extra: Any) -> HttpResponse:
+    return _render(request, "members", _members_context(request, error=error, **extra), status=422)
 
 
 @require_GET
@@ -193,11 +199,14 @@ def members(request: AdeRequest) -> HttpResponse:
 @require_POST
 @ade_view
 def invitation_create(request: AdeRequest) -> HttpResponse:
-    form = {key: request.POST.get(key, "").strip() for key in ("role", "note")}
-    try:
-        created = account_services.invitation_create(actor=request.actor, **form)
-    except InvalidInput as exc:
-        return _members_error(request, exc, form=form)
+    form = InvitationForm(request.POST)
+    if form.is_valid():  # text, as typed: the service judges the role and the note
+        try:
+            created = account_services.invitation_create(actor=request.actor, **form.cleaned_data)
+        except InvalidInput as exc:
+            form.add_domain_error(exc)
+    if not form.is_valid():
+        return _members_error(request, form.first_error, form=form.values())
     link = request.build_absolute_uri(reverse("ade:invitation-accept", args=[created.raw_token]))
     # The link is in this one response and nowhere else: no redirect, no session, no cache.
     response = _render(request, "members", _members_context(request, created=created.invitation, link=link))
@@ -211,29 +220,27 @@ def invitation_revoke(request: AdeRequest, invitation_id: str) -> HttpResponse:
     try:
         invitation = account_services.invitation_revoke(actor=request.actor, invitation_id=invitation_id)
     except InvalidInput as exc:
-        return _members_error(request, exc)
+        return _members_error(request, exc.message)
     label = f" for {invitation.note}" if invitation.note else ""
     return _members_result(request, f"Invitation{label} revoked: its link no longer works.")
-
-
-def _after_own_change(request: AdeRequest, membership: Membership, response: HttpResponse) -> HttpResponse:
-    """Changing one's own role changes what this page may show: reload it (or leave, when removed)."""
-    if membership.user_id == request.actor.user_id and request.htmx:
-        response["HX-Refresh"] = "true"
-    return response
 
 
 @require_POST
 @ade_view
 def member_role(request: AdeRequest, membership_id: int) -> HttpResponse:
+    form = MemberRoleForm(request.POST)
+    if not form.is_valid():  # text, as typed: the service judges the role
+        return _members_error(request, form.first_error)
     try:
         membership = account_services.membership_set_role(
-            actor=request.actor, membership_id=membership_id, role=request.POST.get("role", "")
+            actor=request.actor, membership_id=membership_id, role=form.cleaned_data["role"]
         )
     except InvalidInput as exc:
-        return _members_error(request, exc)
-    response = _members_result(request, f"{membership.user.username} is now {membership.role}.")
-    return _after_own_change(request, membership, response)
+        return _members_error(request, exc.message)
+    if membership.user_id == request.actor.user_id and request.htmx:
+        # One's own new role changes what this page may show: the whole page loads again.
+        return HttpResponseClientRefresh()
+    return _members_result(request, f"{membership.user.username} is now {membership.role}.")
 
 
 @require_POST
@@ -242,11 +249,9 @@ def member_remove(request: AdeRequest, membership_id: int) -> HttpResponse:
     try:
         membership = account_services.membership_remove(actor=request.actor, membership_id=membership_id)
     except InvalidInput as exc:
-        return _members_error(request, exc)
+        return _members_error(request, exc.message)
     if membership.user_id == request.actor.user_id:  # left the organisation: nothing here is theirs now
-        response = HttpResponse(status=204) if request.htmx else redirect("ade:home")
-        response["HX-Redirect"] = reverse("ade:home")
-        return response
+        return redirect_after_action(request, reverse("ade:home"))
     return _members_result(request, f"{membership.user.username} removed from the organization.")
 
 

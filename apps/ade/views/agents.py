@@ -12,10 +12,11 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
-from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES, starter_template
-from apps.ade.views.base import AdeRequest, ade_view, error_response, refusal_status
-from apps.agents import agent_file
+from apps.ade.forms.agents import AgentCreateForm, AgentImportForm
+from apps.ade.starter_templates import DEFAULT_TEMPLATE, STARTER_TEMPLATES
+from apps.ade.views.base import AdeRequest, ade_view, error_response, redirect_after_action, refusal_status
 from apps.agents import services as agent_services
+from apps.agents.models import Agent
 from apps.agents.selectors import (
     agent_get,
     agent_state_list,
@@ -27,7 +28,6 @@ from apps.core.errors import DomainError
 from apps.llm.selectors import llm_configured
 
 LIST_LIMIT = 200
-AGENT_FILE_MAX_BYTES = 20 * 1024 * 1024
 
 
 # --- list -------------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def _list_context(request: AdeRequest) -> dict[str, Any]:
 @ade_view
 def agent_list(request: AdeRequest) -> HttpResponse:
     context = _list_context(request)
-    if request.htmx and request.headers.get("HX-Target") == "agent-results":
+    if request.htmx and request.htmx.target == "agent-results":
         return render(request, "ade/agents/_results.html", context)
     context["llm_configured"] = llm_configured(actor=request.actor)
     return render(request, "ade/agents/list.html", context)
@@ -106,11 +106,6 @@ def handle_picker(
     }
 
 
-def picked_handle(request: AdeRequest, name: str) -> str:
-    """The typed handle when there is one, else the selected one."""
-    return (request.POST.get(f"{name}_other", "").strip() or request.POST.get(name, "")).strip()
-
-
 def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
     models = model_list(actor=request.actor)
     embeddings = embedding_model_list(actor=request.actor)
@@ -148,58 +143,28 @@ def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str,
     }
 
 
-def _validate_create(request: AdeRequest, form: dict[str, str]) -> dict[str, str]:
-    """Field -> message, each from the service's own validator."""
-    errors: dict[str, str] = {}
-    if starter_template(form["template"]) is None:
-        errors["template"] = "Choose one of the starter templates."
-    checks = {
-        "name": lambda: form["name"] and agent_services.validate_agent_name(form["name"]),
-        "model": lambda: agent_services.validate_model_available(actor=request.actor, model=form["model"]),
-        "embedding": lambda: agent_services.validate_handle(form["embedding"], kind="embedding"),
-    }
-    for field, check in checks.items():
-        try:
-            check()
-        except DomainError as exc:
-            errors[field] = exc.message
-    return errors
-
-
 @require_http_methods(["GET", "POST"])
 @ade_view
 def agent_create(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return render(request, "ade/agents/create.html", _create_context(request, {}, {}))
-    form = {
-        "template": request.POST.get("template", "").strip(),
-        "name": request.POST.get("name", "").strip(),
-        "model": picked_handle(request, "model"),
-        "embedding": picked_handle(request, "embedding"),
-        "system": request.POST.get("system", ""),
-    }
-    errors = _validate_create(request, form)
-    if not errors:
-        template = starter_template(form["template"])
-        assert template is not None
+    form = AgentCreateForm(request.POST, actor=request.actor)
+    if form.is_valid():
         try:
             agent = agent_services.agent_create_with_settings(
                 actor=request.actor,
-                name=form["name"] or None,
-                model=form["model"],
-                embedding=form["embedding"],
-                system=form["system"].strip() and form["system"],
-                memory_blocks=list(template.blocks),
-                enable_sleeptime=template.enable_sleeptime,
+                name=form.cleaned_data["name"] or None,
+                model=form.cleaned_data["model"],
+                embedding=form.cleaned_data["embedding"],
+                system=form.system_prompt,
+                memory_blocks=list(form.starter.blocks),
+                enable_sleeptime=form.starter.enable_sleeptime,
             )
         except DomainError as exc:
-            errors["form"] = exc.message
+            form.add_domain_error(exc)
         else:
-            url = reverse("ade:workspace", args=[agent.id])
-            if request.htmx:
-                return HttpResponse(status=204, headers={"HX-Redirect": url})
-            return redirect(url)
-    context = _create_context(request, form, errors)
+            return redirect_after_action(request, reverse("ade:workspace", args=[agent.id]))
+    context = _create_context(request, form.values(), form.error_map())
     template_name = "ade/agents/_create_form.html" if request.htmx else "ade/agents/create.html"
     return render(request, template_name, context, status=422)
 
@@ -218,7 +183,7 @@ def agent_clone(request: AdeRequest, agent_id: str) -> HttpResponse:
         return HttpResponse(status=405, headers={"Allow": "POST"})
     source = agent_get(actor=request.actor, agent_id=agent_id)
     try:
-        clone = agent_file.agent_clone(actor=request.actor, agent_id=source.id)
+        clone = agent_services.agent_clone(actor=request.actor, agent_id=source.id)
     except DomainError as exc:
         return _error(request, exc.message, status=refusal_status(exc))
     if not request.htmx:
@@ -257,7 +222,7 @@ def _file_name(name: str) -> str:
 def agent_export(request: AdeRequest, agent_id: str) -> HttpResponse:
     """The agent as a Letta Agent File: secrets leave with their keys only, never their values."""
     agent = agent_get(actor=request.actor, agent_id=agent_id)
-    document = agent_file.agent_export(actor=request.actor, agent_id=agent.id)
+    document = agent_services.agent_export(actor=request.actor, agent_id=agent.id)
     response = HttpResponse(
         json.dumps(document, indent=2, ensure_ascii=False), content_type="application/json"
     )
@@ -270,27 +235,25 @@ def agent_export(request: AdeRequest, agent_id: str) -> HttpResponse:
 def agent_import(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return redirect("ade:agent-list")
-    upload = request.FILES.get("file")
-    overwrite_tools = request.POST.get("override_existing_tools") == "on"
-    error = ""
+    form = AgentImportForm(request.POST, request.FILES)
     status = 422
-    imported: list[Any] = []
-    refused: list[agent_file.Refusal] = []
-    if upload is None:
-        error = "Choose an Agent File (.af) to import."
-    elif upload.size is not None and upload.size > AGENT_FILE_MAX_BYTES:
-        error = f"This file is too large to import (over {AGENT_FILE_MAX_BYTES // (1024 * 1024)} MB)."
-    else:
+    imported: list[Agent] = []
+    refused: list[agent_services.Refusal] = []
+    if form.is_valid():
         try:
-            parsed = agent_file.parse_agent_file(upload.read())
-            result = agent_file.agent_import(
-                actor=request.actor, file=parsed, override_existing_tools=overwrite_tools
+            parsed = agent_services.parse_agent_file(form.cleaned_data["file"].read())
+            result = agent_services.agent_import(
+                actor=request.actor,
+                file=parsed,
+                override_existing_tools=form.cleaned_data["override_existing_tools"],
             )
         except DomainError as exc:
-            error, status = exc.message, refusal_status(exc)
+            form.add_domain_error(exc)
+            status = refusal_status(exc)
         else:
             imported = [agent_get(actor=request.actor, agent_id=i) for i in result.agent_ids]
             refused = result.refused
+    error = form.first_error
     if not request.htmx:
         if error:
             messages.error(request, error)

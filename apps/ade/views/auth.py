@@ -6,6 +6,7 @@ address gets `lockout_response`.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from axes.helpers import get_cool_off, get_lockout_message
@@ -19,7 +20,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from apps.accounts.selectors import SESSION_ORG_KEY, membership_for
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.forms.account import OrganizationSwitchForm
+from apps.ade.views.base import AdeRequest, ade_view, redirect_after_action
 from apps.core.errors import NotFound
 
 
@@ -65,24 +67,25 @@ def _minutes(seconds: int) -> str:
 @require_POST
 @ade_view
 def organization_switch(request: AdeRequest) -> HttpResponse:
-    organization_id = request.POST.get("organization_id", "")
-    try:
-        membership = membership_for(user=request.user, organization_id=organization_id)  # type: ignore[arg-type]
-    except NotFound:
+    form = OrganizationSwitchForm(request.POST)
+    membership = None
+    if form.is_valid():  # text, as typed: membership_for decides
+        with suppress(NotFound):
+            membership = membership_for(
+                user=request.user,  # type: ignore[arg-type]
+                organization_id=form.cleaned_data["organization_id"],
+            )
+    if membership is None:
         return HttpResponse("You are not a member of that organization.", status=403)
     request.session[SESSION_ORG_KEY] = membership.organization_id
     # Objects of the old organisation are not visible in the new one: land on its agent list.
-    target = request.POST.get("next") or reverse("ade:agent-list")
+    target = form.cleaned_data["next"] or reverse("ade:agent-list")
     if (
         not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()})
         or "/agents/agent-" in target
     ):
         target = reverse("ade:agent-list")
-    response = redirect(target)
-    if request.htmx:
-        response = HttpResponse(status=204)
-        response["HX-Redirect"] = target
-    return response
+    return redirect_after_action(request, target)
 
 
 @require_GET

@@ -1,7 +1,8 @@
 """What every ADE view shares: the signed-in user's Actor, domain errors as pages, and HTMX helpers.
 
-Views stay thin: they read a form, call a service or selector with `request.actor`, and render a
-template or partial. They never filter by organisation themselves; the selectors and services do.
+Views stay thin: they bind a form (apps/ade/forms/), call a service or selector with `request.actor`, and
+render a template or partial. They never filter by organisation themselves; the selectors and services do.
+HTMX response headers are set through django-htmx's helpers, never by hand.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
-from django_htmx.http import reswap, retarget
+from django.shortcuts import redirect, render
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
 from apps.accounts.selectors import SESSION_ORG_KEY, actor_for_user
@@ -21,6 +22,10 @@ from apps.core.actor import Actor
 from apps.core.errors import DomainError, NotFound, PermissionDenied
 
 View = Callable[..., HttpResponse]
+
+AGENT_CHANGED = "ade:agent-changed"
+"""The client event of an action that changed what the agent's next request holds: the workspace's
+columns refresh on it (static/ade/memory.js listens on document.body)."""
 
 
 class HtmxRequest(HttpRequest):
@@ -77,3 +82,16 @@ def error_response(request: HtmxRequest, error: DomainError | str, *, status: in
         # The message goes to the page's flash slot, not into the panel the action targeted.
         reswap(retarget(response, "#flash"), "innerHTML")
     return response
+
+
+def agent_changed(response: HttpResponse) -> HttpResponse:
+    """Tell the workspace the agent changed (the AGENT_CHANGED event, in HX-Trigger)."""
+    return trigger_client_event(response, AGENT_CHANGED)
+
+
+def redirect_after_action(request: HtmxRequest, url: str) -> HttpResponse:
+    """Where a finished action leads: HTMX navigates there (HX-Redirect; 204, nothing to swap), a plain
+    form post is redirected."""
+    if request.htmx:
+        return HttpResponseClientRedirect(url, status=204)
+    return redirect(url)

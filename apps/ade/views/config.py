@@ -1,8 +1,8 @@
 """ADE: the workspace's left column: the agent's configuration (model, system prompt, tools, tool rules, sleeptime).
 
-Every panel action answers with its own partial (422 with the message when the service refuses the input)
-and, when something changed, the `HX-Trigger: ade:agent-changed` header so the memory column refreshes its
-context window viewer.
+Every panel action answers with its own partial (422 with the message when the form or the service refuses
+the input) and, when something changed, the `ade:agent-changed` client event (HX-Trigger) so the memory
+column refreshes its context window viewer.
 """
 
 from __future__ import annotations
@@ -17,20 +17,22 @@ from django.urls import path
 from django.views.decorators.http import require_GET, require_http_methods
 from django_htmx.http import reswap, retarget
 
-from apps.ade.views.agents import handle_picker, picked_handle
-from apps.ade.views.base import AdeRequest, ade_view, refusal_status
+from apps.ade.forms.config import (
+    BUILTIN_PREFIX,
+    FIELD_FORMS,
+    FieldForm,
+    SleeptimeForm,
+    ToolAttachForm,
+    ToolRuleForm,
+)
+from apps.ade.views.agents import handle_picker
+from apps.ade.views.base import AdeRequest, ade_view, agent_changed, refusal_status
 from apps.agents import services as agent_services
 from apps.agents.models import Agent, AgentType
-from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
-from apps.agents.selectors import agent_get, embedding_model_list, model_list
-from apps.core.errors import DomainError, InvalidInput
-from apps.tools.builtin import BUILTIN_TOOLS
-from apps.tools.rules import ToolRuleType, describe_tool_rule, parse_tool_rules
-from apps.tools.selectors import tool_list
-from apps.tools.services import tool_upsert_builtins
-
-AGENT_CHANGED = "ade:agent-changed"
-TEMPERATURE_RANGE = (0.0, 2.0)
+from apps.agents.selectors import agent_get, agent_system_prompt, embedding_model_list, model_list
+from apps.core.errors import DomainError
+from apps.tools.selectors import ToolRuleType, builtin_tool_names, tool_list, tool_rule_descriptions
+from apps.tools.services import tool_upsert_builtin
 
 
 def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
@@ -46,11 +48,6 @@ def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
             "sleeptime": _sleeptime_context(agent),
         }
     }
-
-
-def _changed(response: HttpResponse) -> HttpResponse:
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
 
 
 # --- single fields: name, model, embedding, context window, temperature, system prompt ---------------------
@@ -75,7 +72,7 @@ FIELDS: dict[str, Field] = {
 
 def _current(agent: Agent, key: str) -> str:
     if key == "system":
-        return agent.system or DEFAULT_SYSTEM_PROMPT
+        return agent_system_prompt(agent)
     value = getattr(agent, key)
     return "" if value is None else str(value)
 
@@ -117,46 +114,12 @@ def _field_context(
     return context
 
 
-def _posted(request: AdeRequest, key: str) -> str:
-    return picked_handle(request, key) if FIELDS[key].kind == "picker" else request.POST.get("value", "")
-
-
-def _save_field(request: AdeRequest, agent: Agent, key: str) -> None:
-    """Apply the posted value through agents.services (which raise InvalidInput and its kin)."""
-    raw = _posted(request, key)
-    text = raw.strip()
-    if key == "name":
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, name=text)
-    elif key == "model":
-        handle = agent_services.validate_model_available(actor=request.actor, model=text)
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, model=handle)
-    elif key == "embedding":
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, embedding=text)
-    elif key == "context_window_limit":
-        limit = (
-            _parse_number(text, int, "The context window limit must be a whole number of tokens")
-            if text
-            else None
-        )
-        if limit is not None and limit < 1:
-            raise InvalidInput("The context window limit must be at least 1 token")
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, context_window_limit=limit)
-    elif key == "temperature":
-        low, high = TEMPERATURE_RANGE
-        temperature = _parse_number(text, float, f"Temperature must be a number between {low:g} and {high:g}")
-        if not low <= temperature <= high:
-            raise InvalidInput(f"Temperature must be between {low:g} and {high:g}")
-        settings = {**agent.model_settings, "temperature": temperature}
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, model_settings=settings)
-    elif key == "system":
-        agent_services.agent_update(actor=request.actor, agent_id=agent.id, system=raw)
-
-
-def _parse_number(text: str, kind: type[int] | type[float], message: str) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise InvalidInput(message) from None
+def _save_field(request: AdeRequest, agent: Agent, key: str, form: FieldForm) -> None:
+    """The form's value through agents.services (which raise InvalidInput and its kin)."""
+    if key == "temperature":
+        agent_services.agent_set_temperature(actor=request.actor, agent_id=agent.id, temperature=form.value)
+    else:  # the other keys are agent_update's own arguments
+        agent_services.agent_update(actor=request.actor, agent_id=agent.id, **{key: form.value})
 
 
 @require_http_methods(["GET", "POST"])
@@ -165,22 +128,23 @@ def config_field(request: AdeRequest, agent_id: str, key: str) -> HttpResponse:
     if key not in FIELDS:
         return HttpResponse(status=404)
     agent = agent_get(actor=request.actor, agent_id=agent_id)
+    template = "ade/workspace/config/_field.html"
     if request.method != "POST":
-        return render(
-            request,
-            "ade/workspace/config/_field.html",
-            _ctx(agent, _field_context(agent, key, request=request)),
-        )
-    try:
-        _save_field(request, agent, key)
-    except DomainError as exc:
-        field = _field_context(agent, key, value=_posted(request, key), error=exc.message, request=request)
-        return render(
-            request, "ade/workspace/config/_field.html", _ctx(agent, field), status=refusal_status(exc)
-        )
-    agent = agent_get(actor=request.actor, agent_id=agent.id)
-    field = _field_context(agent, key, saved=True, request=request)
-    return _changed(render(request, "ade/workspace/config/_field.html", _ctx(agent, field)))
+        return render(request, template, _ctx(agent, _field_context(agent, key, request=request)))
+    form = FIELD_FORMS[key](request.POST, actor=request.actor)
+    status = 422
+    if form.is_valid():
+        try:
+            _save_field(request, agent, key, form)
+        except DomainError as exc:
+            form.add_domain_error(exc)
+            status = refusal_status(exc)
+        else:
+            agent = agent_get(actor=request.actor, agent_id=agent.id)
+            field = _field_context(agent, key, saved=True, request=request)
+            return agent_changed(render(request, template, _ctx(agent, field)))
+    field = _field_context(agent, key, value=form.posted_text, error=form.first_error, request=request)
+    return render(request, template, _ctx(agent, field), status=status)
 
 
 def _ctx(agent: Agent, field: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +152,6 @@ def _ctx(agent: Agent, field: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- tools --------------------------------------------------------------------------------------------------
-
-BUILTIN_PREFIX = "builtin:"
 
 
 def _tools_context(request: AdeRequest, agent: Agent, *, error: str = "") -> dict[str, Any]:
@@ -204,7 +166,7 @@ def _tools_context(request: AdeRequest, agent: Agent, *, error: str = "") -> dic
     ]
     available += [
         {"value": f"{BUILTIN_PREFIX}{name}", "name": name, "group": "Built-in"}
-        for name in BUILTIN_TOOLS
+        for name in builtin_tool_names()
         if name not in org_names
     ]
     available.sort(key=lambda option: (option["group"], option["name"]))
@@ -228,19 +190,16 @@ def config_tool_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     if request.method != "POST":
         return _render_tools(request, agent)
-    choice = request.POST.get("tool", "")
+    form = ToolAttachForm(request.POST)
+    if not form.is_valid():
+        return _render_tools(request, agent, error=form.first_error, status=422)
     try:
-        if not choice:
-            raise InvalidInput("Choose a tool to attach.")
-        if choice.startswith(BUILTIN_PREFIX):
-            name = choice.removeprefix(BUILTIN_PREFIX)
-            if name not in BUILTIN_TOOLS:
-                raise InvalidInput(f"Unknown built-in tool '{name}'")
-            choice = tool_upsert_builtins(actor=request.actor, names=[name])[name].id
-        agent_services.agent_attach_tool(actor=request.actor, agent_id=agent.id, tool_id=choice)
+        name = form.builtin_name
+        tool_id = tool_upsert_builtin(actor=request.actor, name=name).id if name is not None else form.tool_id
+        agent_services.agent_attach_tool(actor=request.actor, agent_id=agent.id, tool_id=tool_id)
     except DomainError as exc:
         return _render_tools(request, agent, error=exc.message, status=refusal_status(exc))
-    return _changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
+    return agent_changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
 @require_http_methods(["GET", "POST"])
@@ -250,7 +209,7 @@ def config_tool_detach(request: AdeRequest, agent_id: str, tool_id: str) -> Http
     if request.method != "POST":
         return _render_tools(request, agent)
     agent_services.agent_detach_tool(actor=request.actor, agent_id=agent.id, tool_id=tool_id)
-    return _changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
+    return agent_changed(_render_tools(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
 # --- tool rules ---------------------------------------------------------------------------------------------
@@ -281,11 +240,7 @@ RULE_TYPES: dict[str, tuple[str, str]] = {
 
 
 def _rules_context(agent: Agent) -> dict[str, Any]:
-    try:
-        parsed = parse_tool_rules(agent.tool_rules)
-        described = [describe_tool_rule(rule) for rule in parsed]
-    except DomainError:
-        described = ["" for _ in agent.tool_rules]
+    described = tool_rule_descriptions(agent.tool_rules)
     rules = [
         {
             "index": index,
@@ -306,15 +261,15 @@ def _render_rules(request: AdeRequest, agent: Agent) -> HttpResponse:
 
 
 def _rule_form_context(
-    request: AdeRequest,
     agent: Agent,
     rule_type: str,
     *,
     index: int | None,
     rule: dict[str, Any] | None = None,
+    refused: ToolRuleForm | None = None,
     error: str = "",
 ) -> dict[str, Any]:
-    """The per-type form, filled from the stored rule, or from what was posted when it was refused."""
+    """The per-type form, filled from the stored rule, or from what was posted when it was `refused`."""
     rule = rule or {"type": rule_type}
     mapping = rule.get("child_output_mapping") or {}
     args = rule.get("args")
@@ -327,18 +282,10 @@ def _rule_form_context(
         "require_output_mapping": bool(rule.get("require_output_mapping")),
         "max_count_limit": rule.get("max_count_limit", 1),
     }
-    post = request.POST
-    if request.method == "POST" and error:
-        others = [name.strip() for name in post.get("children_other", "").split(",") if name.strip()]
-        values = {
-            "tool_name": post.get("tool_name", ""),
-            "children": [*post.getlist("children"), *others],
-            "mapping": post.get("mapping", ""),
-            "args": post.get("args", ""),
-            "default_child": post.get("default_child", ""),
-            "require_output_mapping": post.get("require_output_mapping") == "on",
-            "max_count_limit": post.get("max_count_limit", ""),
-        }
+    original = json.dumps(rule, sort_keys=True)
+    if refused is not None:
+        values = refused.redisplay()
+        original = refused.posted("original") or ""
     tool_names = sorted(t.name for t in agent.tools.all())
     return {
         "agent": agent,
@@ -350,9 +297,7 @@ def _rule_form_context(
         "tool_names": tool_names,
         "other_children": ", ".join(c for c in values["children"] if c not in tool_names),
         "error": error,
-        "original": post.get("original", "")
-        if request.method == "POST"
-        else json.dumps(rule, sort_keys=True),
+        "original": original,
     }
 
 
@@ -362,44 +307,6 @@ def _render_rule_form(request: AdeRequest, context: dict[str, Any], *, status: i
         # The form posts to the whole rules section; a refusal re-renders just the form, in place.
         reswap(retarget(response, "#rule-form"), "outerHTML")
     return response
-
-
-def _rule_from_post(request: AdeRequest, rule_type: str, base: dict[str, Any]) -> dict[str, Any]:
-    """The posted per-type form as a rule dict; shape only (the rules module validates meaning). Fields the
-    form does not show (prompt_template, child_arg_nodes) are kept from the rule being edited."""
-    post = request.POST
-    rule: dict[str, Any] = {
-        key: value for key, value in base.items() if key in ("prompt_template", "child_arg_nodes")
-    }
-    rule |= {"type": rule_type, "tool_name": post.get("tool_name", "").strip()}
-    if rule_type == ToolRuleType.run_first:
-        text = post.get("args", "").strip()
-        if text:
-            try:
-                rule["args"] = json.loads(text)
-            except ValueError:
-                raise InvalidInput('Arguments must be a JSON object, e.g. {"query": "news"}') from None
-    elif rule_type in (ToolRuleType.constrain_child_tools, ToolRuleType.parent_last_tool):
-        others = [name.strip() for name in post.get("children_other", "").split(",") if name.strip()]
-        rule["children"] = list(dict.fromkeys([*post.getlist("children"), *others]))
-    elif rule_type == ToolRuleType.conditional:
-        mapping: dict[str, str] = {}
-        for number, line in enumerate(post.get("mapping", "").splitlines(), start=1):
-            if not line.strip():
-                continue
-            if "=>" not in line:
-                raise InvalidInput(f"Output mapping line {number}: write it as 'output => tool_name'")
-            output, _, tool = line.rpartition("=>")
-            mapping[output.strip()] = tool.strip()
-        rule["child_output_mapping"] = mapping
-        if post.get("default_child", "").strip():
-            rule["default_child"] = post["default_child"].strip()
-        rule["require_output_mapping"] = post.get("require_output_mapping") == "on"
-    elif rule_type == ToolRuleType.max_count_per_step:
-        rule["max_count_limit"] = _parse_number(
-            post.get("max_count_limit", "").strip(), int, "The maximum count must be a whole number"
-        )
-    return rule
 
 
 def _friendly(message: str, index: int) -> str:
@@ -421,11 +328,19 @@ def config_rule_new(request: AdeRequest, agent_id: str) -> HttpResponse:
     if rule_type not in RULE_TYPES:
         if request.method != "POST" and not rule_type:
             return HttpResponse("")  # the type picker went back to "Add a rule…"
-        message = f"Unknown rule type '{rule_type}'"
-        context = _rule_form_context(request, agent, ToolRuleType.exit_loop, index=None, error=message)
+        posted = (
+            ToolRuleForm(request.POST, rule_type=rule_type, base={}) if request.method == "POST" else None
+        )
+        context = _rule_form_context(
+            agent,
+            ToolRuleType.exit_loop,
+            index=None,
+            refused=posted,
+            error=f"Unknown rule type '{rule_type}'",
+        )
         return _render_rule_form(request, context, status=422)
     if request.method != "POST":
-        return _render_rule_form(request, _rule_form_context(request, agent, rule_type, index=None))
+        return _render_rule_form(request, _rule_form_context(agent, rule_type, index=None))
     return _save_rule(request, agent, rule_type, index=None)
 
 
@@ -437,32 +352,32 @@ def config_rule_edit(request: AdeRequest, agent_id: str, index: int) -> HttpResp
         return HttpResponse(status=404)
     rule = agent.tool_rules[index]
     if request.method != "POST":
-        return _render_rule_form(
-            request, _rule_form_context(request, agent, rule["type"], index=index, rule=rule)
-        )
+        return _render_rule_form(request, _rule_form_context(agent, rule["type"], index=index, rule=rule))
     return _save_rule(request, agent, rule["type"], index=index)
 
 
 def _save_rule(request: AdeRequest, agent: Agent, rule_type: str, *, index: int | None) -> HttpResponse:
-    rules = list(agent.tool_rules)
-    base = rules[index] if index is not None else {}
-    original = request.POST.get("original", "")
-    position = len(rules) if index is None else index
-    try:
-        if index is not None and original and json.loads(original) != base:
-            raise InvalidInput("The agent's rules changed since this form opened: cancel and edit again.")
-        rule = _rule_from_post(request, rule_type, base)
-        if index is None:
-            rules.append(rule)
+    base = agent.tool_rules[index] if index is not None else {}
+    form = ToolRuleForm(request.POST, rule_type=rule_type, base=base)
+    status = 422
+    if form.is_valid():
+        try:
+            agent_services.agent_tool_rule_save(
+                actor=request.actor,
+                agent_id=agent.id,
+                rule=form.cleaned_data["rule"],
+                index=index,
+                expected=form.cleaned_data["original"] if index is not None else None,
+            )
+        except DomainError as exc:
+            form.add_domain_error(exc)
+            status = refusal_status(exc)
         else:
-            rules[index] = rule
-        agent_services.agent_set_tool_rules(actor=request.actor, agent_id=agent.id, tool_rules=rules)
-    except DomainError as exc:
-        context = _rule_form_context(
-            request, agent, rule_type, index=index, error=_friendly(exc.message, position)
-        )
-        return _render_rule_form(request, context, status=refusal_status(exc))
-    return _changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
+            return agent_changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
+    position = len(agent.tool_rules) if index is None else index
+    error = _friendly(form.first_error, position)
+    context = _rule_form_context(agent, rule_type, index=index, refused=form, error=error)
+    return _render_rule_form(request, context, status=status)
 
 
 @require_http_methods(["GET", "POST"])
@@ -471,11 +386,8 @@ def config_rule_delete(request: AdeRequest, agent_id: str, index: int) -> HttpRe
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     if request.method != "POST":
         return _render_rules(request, agent)
-    rules = list(agent.tool_rules)
-    if index < len(rules):
-        del rules[index]
-        agent_services.agent_set_tool_rules(actor=request.actor, agent_id=agent.id, tool_rules=rules)
-    return _changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
+    agent_services.agent_tool_rule_delete(actor=request.actor, agent_id=agent.id, index=index)
+    return agent_changed(_render_rules(request, agent_get(actor=request.actor, agent_id=agent.id)))
 
 
 # --- sleeptime ------------------------------------------------------------------------------------------------
@@ -501,21 +413,25 @@ def config_sleeptime(request: AdeRequest, agent_id: str) -> HttpResponse:
     template = "ade/workspace/config/_sleeptime.html"
     if request.method != "POST":
         return render(request, template, {"agent": agent, "sleeptime": _sleeptime_context(agent)})
-    text = request.POST.get("frequency", "").strip()
-    try:
-        frequency = _parse_number(text, int, "The frequency must be a whole number of turns")
-        agent_services.agent_set_sleeptime(
-            actor=request.actor,
-            agent_id=agent.id,
-            enabled=request.POST.get("enabled") == "on",
-            frequency=frequency,
-        )
-    except DomainError as exc:
-        context = {"agent": agent, "sleeptime": _sleeptime_context(agent, error=exc.message, frequency=text)}
-        return render(request, template, context, status=refusal_status(exc))
-    agent = agent_get(actor=request.actor, agent_id=agent.id)
-    context = {"agent": agent, "sleeptime": _sleeptime_context(agent, saved=True)}
-    return _changed(render(request, template, context))
+    form = SleeptimeForm(request.POST)
+    status = 422
+    if form.is_valid():
+        try:
+            agent_services.agent_set_sleeptime(
+                actor=request.actor,
+                agent_id=agent.id,
+                enabled=form.cleaned_data["enabled"],
+                frequency=form.cleaned_data["frequency"],
+            )
+        except DomainError as exc:
+            form.add_domain_error(exc)
+            status = refusal_status(exc)
+        else:
+            agent = agent_get(actor=request.actor, agent_id=agent.id)
+            context = {"agent": agent, "sleeptime": _sleeptime_context(agent, saved=True)}
+            return agent_changed(render(request, template, context))
+    sleeptime = _sleeptime_context(agent, error=form.first_error, frequency=form.values()["frequency"])
+    return render(request, template, {"agent": agent, "sleeptime": sleeptime}, status=status)
 
 
 PREFIX = "agents/<str:agent_id>/config/"

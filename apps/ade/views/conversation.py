@@ -24,10 +24,10 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import push_url, reswap, retarget
 
+from apps.ade.forms.conversation import ApprovalForm, ConversationForm, MessageForm
 from apps.ade.views.base import AdeRequest, ade_view, refusal_status
-from apps.agents.errors import PendingApproval
-from apps.agents.loop.convert import to_letta_messages
-from apps.agents.models import Agent, Conversation, Message, Run, StopReason
+from apps.agents.errors import ApprovalAlreadyDecided, PendingApproval
+from apps.agents.models import Agent, Conversation, Message, Run
 from apps.agents.selectors import (
     ACTIVE_RUN_STATUSES,
     agent_get,
@@ -36,6 +36,7 @@ from apps.agents.selectors import (
     conversation_list,
     message_get,
     message_page,
+    run_awaiting_approval,
     run_get,
     run_list_with_usage,
     run_message_list,
@@ -45,15 +46,16 @@ from apps.agents.services import (
     MessageIn,
     conversation_create,
     pending_approval,
+    pending_approval_for,
     run_cancel,
     run_create,
     run_submit,
 )
+from apps.agents.wire import to_letta_messages
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, NotFound
 
 HISTORY_PAGE_SIZE = 40
-MAX_MESSAGE_CHARS = 100_000
 STOP_REASON_TONES = {
     "end_turn": "ok",
     "tool_rule": "ok",
@@ -193,33 +195,14 @@ def turn_for_run(*, actor: Actor, run: Run, agent: Agent) -> Turn:
     """A run's whole turn (used for a new send, and to re-render a turn when its run ends)."""
     messages = list(run_message_list(actor=actor, run_id=run.id, include_system=True).order_by("sequence_id"))
     conversation = run.conversation if run.conversation_id else None
-    pending = pending_approval(agent=agent, conversation=conversation) or _awaiting_decision(
-        actor, run, messages
+    pending = pending_approval(agent=agent, conversation=conversation) or run_awaiting_approval(
+        actor=actor, run=run, messages=messages
     )
     turns = build_turns(actor=actor, messages=messages, pending_id=pending.id if pending else None)
     if turns:
         return turns[0]
     fresh = run_list_with_usage(actor=actor, run_ids=[run.id]).get(run.id, run)
     return Turn(run_id=run.id, run=fresh, live=fresh.status in ACTIVE_RUN_STATUSES)
-
-
-def _awaiting_decision(actor: Actor, run: Run, messages: list[Message]) -> Message | None:
-    """The approval request a run stopped on: its last message, while it is its thread's newest run. What the context's last message says once the run's writes are all visible, read from
-    the run itself: its stream's end reaches the browser first, and a turn fetched at that moment must
-    still come with its form."""
-    last = messages[-1] if messages else None
-    if run.stop_reason != StopReason.REQUIRES_APPROVAL or last is None:
-        return None
-    if last.role != Message.Role.APPROVAL or not last.tool_calls:
-        return None
-    newest = (
-        Run.objects.for_actor(actor)
-        .filter(agent_id=run.agent_id, conversation_id=run.conversation_id)
-        .order_by("-created_at", "-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    return last if newest == run.id else None
 
 
 # --- the column ------------------------------------------------------------------------------------------
@@ -308,8 +291,12 @@ def conversation_column(request: AdeRequest, agent_id: str) -> HttpResponse:
 @ade_view
 def conversation_new(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_get(actor=request.actor, agent_id=agent_id)
-    summary = (request.POST.get("summary") or "").strip()[:500]
-    conversation = conversation_create(actor=request.actor, agent_id=agent.id, summary=summary)
+    form = ConversationForm(request.POST)
+    if not form.is_valid():
+        return _notice(request, form.first_error, status=422)
+    conversation = conversation_create(
+        actor=request.actor, agent_id=agent.id, summary=form.cleaned_data["summary"]
+    )
     return _column(request, agent, conversation)
 
 
@@ -365,18 +352,15 @@ def conversation_send(request: AdeRequest, agent_id: str) -> HttpResponse:
     """Send as the user (or as a system event): the run streams tokens and a worker executes it."""
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     conversation = _conversation(request, agent, request.POST)
-    text = (request.POST.get("text") or "").strip()
-    role = "system" if request.POST.get("role") == "system" else "user"
-    if not text:
-        return _notice(request, "Write a message first.", status=422)
-    if len(text) > MAX_MESSAGE_CHARS:
-        return _notice(request, f"A message can have at most {MAX_MESSAGE_CHARS:,} characters.", status=422)
+    form = MessageForm(request.POST)
+    if not form.is_valid():
+        return _notice(request, form.first_error, status=422)
     try:
         run = run_create(
             actor=request.actor,
             agent_id=agent.id,
             conversation_id=conversation.id if conversation else None,
-            messages=[MessageIn(content=text, role=role)],
+            messages=[MessageIn(content=form.cleaned_data["text"], role=form.cleaned_data["role"])],
             stream_tokens=True,
         )
     except PendingApproval:
@@ -397,51 +381,27 @@ def conversation_approve(request: AdeRequest, agent_id: str) -> HttpResponse:
     """Approve or deny the pending tool call(s); a new run carries the decision and continues the turn."""
     agent = agent_get(actor=request.actor, agent_id=agent_id)
     conversation = _conversation(request, agent, request.POST)
-    request_id = request.POST.get("request_id") or ""
-    pending = pending_approval(agent=agent, conversation=conversation)
-    if pending is None or pending.id != request_id:
-        return _notice(
-            request, "This tool call was already decided. Reload to see what happened.", status=409
+    try:
+        pending = pending_approval_for(
+            agent=agent, conversation=conversation, request_id=request.POST.get("request_id") or ""
         )
-    approvals = _approval_decisions(request.POST, pending.tool_calls or [])
-    if approvals is None:
-        return _notice(request, "Choose approve or deny for every tool call.", status=422)
+    except ApprovalAlreadyDecided as exc:
+        return _notice(request, exc.message, status=409)
+    form = ApprovalForm(request.POST, calls=pending.tool_calls or [])
+    if not form.is_valid():
+        return _notice(request, form.first_error, status=422)
     try:
         run = run_create(
             actor=request.actor,
             agent_id=agent.id,
             conversation_id=conversation.id if conversation else None,
-            approvals=approvals,
+            approvals=form.cleaned_data["approvals"],
             stream_tokens=True,
         )
     except DomainError as exc:
         return _notice(request, exc.message, status=refusal_status(exc, 409))
     run_submit(run)
     return _live_turn(request, agent, run, decided=pending)
-
-
-def _approval_decisions(form: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """One decision per call: `decision` (Approve all / Deny all, with `reason`) applies to every call;
-    "Submit decisions" sends `decision_<call id>` and `reason_<call id>` per call. None when a call has
-    no decision."""
-    overall = form.get("decision")
-    approvals = []
-    for call in calls:
-        choice = overall if overall in ("approve", "deny") else form.get(f"decision_{call['id']}")
-        if choice not in ("approve", "deny"):
-            return None
-        reason_field = "reason" if overall in ("approve", "deny") else f"reason_{call['id']}"
-        reason = (form.get(reason_field) or "").strip()[:2000]
-        approve = choice == "approve"
-        approvals.append(
-            {
-                "type": "approval",
-                "tool_call_id": call["id"],
-                "approve": approve,
-                "reason": None if approve else (reason or None),
-            }
-        )
-    return approvals
 
 
 def _decided_card(request_message: Message | None) -> dict[str, Any] | None:

@@ -25,8 +25,9 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.ade.views.agents import handle_picker, picked_handle
-from apps.ade.views.base import AdeRequest, ade_view, refusal_status
+from apps.ade.forms.folders import FolderAttachForm, FolderForm, FolderUploadForm
+from apps.ade.views.agents import handle_picker
+from apps.ade.views.base import AdeRequest, ade_view, agent_changed, redirect_after_action, refusal_status
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent
 from apps.core.errors import DomainError, InvalidInput, NotFound, PermissionDenied
@@ -34,9 +35,8 @@ from apps.core.permissions import Action, allows
 from apps.folders import selectors, services
 from apps.folders.errors import FileTooLarge, UnsupportedFileType
 from apps.folders.models import AgentFile, FileMetadata, FileStatus, Folder
-from apps.memory.archival import EmbeddingModelMissing
+from apps.memory.errors import EmbeddingModelMissing
 
-AGENT_CHANGED = "ade:agent-changed"  # the workspace's columns refresh on it (see views/memory.py)
 FINAL_STATUSES = frozenset({FileStatus.COMPLETED, FileStatus.ERROR})
 FORM_ALLOWANCE_BYTES = 1024 * 1024
 """What an upload's body may have besides its file (multipart framing, the CSRF token), as /v1's."""
@@ -102,27 +102,24 @@ def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str,
 def folder_create(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return render(request, "ade/folders/new.html", _create_context(request, {}, {}))
-    form = {
-        "name": request.POST.get("name", "").strip(),
-        "description": request.POST.get("description", "").replace("\r\n", "\n").strip(),
-        "embedding": picked_handle(request, "embedding"),
-    }
-    try:
-        folder = services.folder_create(
-            actor=request.actor,
-            name=form["name"],
-            description=form["description"],
-            embedding_handle=form["embedding"] or None,
-        )
-    except DomainError as exc:  # a bad or taken name, no or an unknown embedding model
-        wrong = "embedding" if _about_embedding(exc) else "name"
-        context = _create_context(request, form, {wrong: exc.message})
-        return render(request, "ade/folders/new.html", context, status=refusal_status(exc))
-    messages.success(request, f"Folder “{folder.name}” created.")
-    url = reverse("ade:folder-detail", args=[folder.id])
-    if request.htmx:
-        return HttpResponse(status=204, headers={"HX-Redirect": url})
-    return redirect(url)
+    form = FolderForm(request.POST)
+    status = 422
+    if form.is_valid():
+        try:
+            folder = services.folder_create(
+                actor=request.actor,
+                name=form.cleaned_data["name"],
+                description=form.cleaned_data["description"],
+                embedding_handle=form.cleaned_data["embedding"] or None,
+            )
+        except DomainError as exc:  # a bad or taken name, no or an unknown embedding model
+            form.add_domain_error(exc, "embedding" if _about_embedding(exc) else "name")
+            status = refusal_status(exc)
+        else:
+            messages.success(request, f"Folder “{folder.name}” created.")
+            return redirect_after_action(request, reverse("ade:folder-detail", args=[folder.id]))
+    context = _create_context(request, form.values(), form.error_map())
+    return render(request, "ade/folders/new.html", context, status=status)
 
 
 def _about_embedding(error: DomainError) -> bool:
@@ -265,10 +262,11 @@ def folder_upload(request: AdeRequest, folder_id: str) -> HttpResponse:
     elif request.GET.get("size", "").isdigit():
         return HttpResponse(status=204)  # not too large: send it
     else:
-        uploads = request.FILES.getlist("file")
-        outcomes = [_upload(request, folder, upload) for upload in uploads] or [
-            Uploaded("", error="Choose one or more files to upload.", status=400)
-        ]
+        form = FolderUploadForm(request.POST, request.FILES)
+        if form.is_valid():
+            outcomes = [_upload(request, folder, upload) for upload in form.cleaned_data["file"]]
+        else:
+            outcomes = [Uploaded("", error=form.first_error, status=400)]
     if not fragment:
         for outcome in outcomes:
             if outcome.file is not None:
@@ -340,12 +338,6 @@ def _render_panel(request: AdeRequest, agent: Agent, *, status: int = 200, **ext
     return render(request, "ade/workspace/folders/_panel.html", context, status=status)
 
 
-def _changed(response: HttpResponse) -> HttpResponse:
-    """What the agent's next request holds changed: the context window viewer refreshes."""
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
-
-
 @require_GET
 @ade_view
 def agent_folders_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
@@ -357,16 +349,16 @@ def agent_folders_panel(request: AdeRequest, agent_id: str) -> HttpResponse:
 @ade_view
 def agent_folder_attach(request: AdeRequest, agent_id: str) -> HttpResponse:
     agent = agent_selectors.agent_get(actor=request.actor, agent_id=agent_id)
-    folder_id = request.POST.get("folder", "").strip()
-    if not folder_id:
-        return _render_panel(request, agent, status=422, error="Choose a folder to attach.")
-    folder = selectors.folder_get(actor=request.actor, folder_id=folder_id)
+    form = FolderAttachForm(request.POST)
+    if not form.is_valid():
+        return _render_panel(request, agent, status=422, error=form.first_error)
+    folder = selectors.folder_get(actor=request.actor, folder_id=form.cleaned_data["folder"])
     try:
         services.agent_attach_folder(actor=request.actor, agent_id=agent.id, folder_id=folder.id)
     except PermissionDenied as exc:
         return _render_panel(request, agent, status=403, error=exc.message)
     notice = f"Attached “{folder.name}”: the agent has its files and the file tools."
-    return _changed(_render_panel(request, agent, notice=notice, tools_changed=True))
+    return agent_changed(_render_panel(request, agent, notice=notice, tools_changed=True))
 
 
 @require_POST
@@ -379,7 +371,7 @@ def agent_folder_detach(request: AdeRequest, agent_id: str, folder_id: str) -> H
     except PermissionDenied as exc:
         return _render_panel(request, agent, status=403, error=exc.message)
     notice = f"Detached “{folder.name}”."
-    return _changed(_render_panel(request, agent, notice=notice, tools_changed=True))
+    return agent_changed(_render_panel(request, agent, notice=notice, tools_changed=True))
 
 
 @require_POST
@@ -391,7 +383,7 @@ def agent_file_open(request: AdeRequest, agent_id: str, file_id: str) -> HttpRes
     except PermissionDenied as exc:
         return _render_panel(request, agent, status=403, error=exc.message)
     notice = f"Closed {', '.join(closed)} to make room." if closed else ""
-    return _changed(_render_panel(request, agent, notice=notice))
+    return agent_changed(_render_panel(request, agent, notice=notice))
 
 
 @require_POST
@@ -402,7 +394,7 @@ def agent_file_close(request: AdeRequest, agent_id: str, file_id: str) -> HttpRe
         services.agent_file_close(actor=request.actor, agent_id=agent.id, file_id=file_id)
     except PermissionDenied as exc:
         return _render_panel(request, agent, status=403, error=exc.message)
-    return _changed(_render_panel(request, agent))
+    return agent_changed(_render_panel(request, agent))
 
 
 @require_POST
@@ -414,7 +406,7 @@ def agent_files_close_all(request: AdeRequest, agent_id: str) -> HttpResponse:
     except PermissionDenied as exc:
         return _render_panel(request, agent, status=403, error=exc.message)
     notice = f"Closed {len(closed)} file{'s' if len(closed) != 1 else ''}."
-    return _changed(_render_panel(request, agent, notice=notice))
+    return agent_changed(_render_panel(request, agent, notice=notice))
 
 
 urlpatterns = [

@@ -25,6 +25,7 @@ from apps.accounts import selectors as account_selectors
 from apps.accounts import services as account_services
 from apps.accounts.models import Invitation, Membership
 from apps.accounts.selectors import SESSION_ORG_KEY
+from apps.ade.forms.account import JoinForm
 from apps.core.errors import Conflict, InvalidInput, NotFound
 
 # A new account's sign-in skips authenticate(), so the session must name the backend that loads it.
@@ -79,15 +80,17 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
             return _page(request, invitation, status=409, error=exc.message)
         return _joined(request, membership)
 
-    username = request.POST.get("username", "").strip()
-    try:
-        membership = account_services.invitation_accept_as_new_user(
-            raw_token=token, username=username, password=request.POST.get("password", "")
-        )
-    except NotFound:
-        return _invalid(request)
-    except InvalidInput as exc:
-        return _page(request, invitation, status=422, error=exc.message, form={"username": username})
+    form = JoinForm(request.POST)
+    if form.is_valid():  # text, as typed: the service judges the username and the password
+        try:
+            membership = account_services.invitation_accept_as_new_user(raw_token=token, **form.cleaned_data)
+        except NotFound:
+            return _invalid(request)
+        except InvalidInput as exc:
+            form.add_domain_error(exc)
+    if not form.is_valid():
+        username = form.values()["username"]
+        return _page(request, invitation, status=422, error=form.first_error, form={"username": username})
     login(request, membership.user, backend=_SESSION_BACKEND)
     return _joined(request, membership)
 

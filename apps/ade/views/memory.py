@@ -4,8 +4,8 @@ archival and recall memory.
 Every read goes through a selector and every write through the service the API and the agent's own memory
 tools use, so a block edited here is versioned, limited and recorded in its history exactly like an edit by
 the agent. Views answer HTMX requests with partials under ade/workspace/memory/; an action that changes what
-the agent's next request contains answers with `HX-Trigger: ade:agent-changed`, which refreshes the context
-window viewer (memory.js) and the other columns.
+the agent's next request contains answers with the `ade:agent-changed` client event (HX-Trigger), which
+refreshes the context window viewer (memory.js) and the other columns.
 """
 
 from __future__ import annotations
@@ -21,20 +21,18 @@ from django.urls import path
 from django.utils.timesince import timesince
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view, refusal_status
-from apps.agents import recall
+from apps.ade.forms.memory import BlockEditForm, PassageForm
+from apps.ade.views.base import AdeRequest, ade_view, agent_changed, refusal_status
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.models import Agent
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, InvalidInput
-from apps.memory import archival
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
 from apps.memory.errors import BlockConcurrentUpdate
 from apps.memory.models import Block, BlockHistory
 
-AGENT_CHANGED = "ade:agent-changed"
 HISTORY_LIMIT = 25
 PASSAGES_PER_PAGE = 10
 SEARCH_TOP_K = 20
@@ -142,18 +140,10 @@ def block_save(request: AdeRequest, agent_id: str, block_id: str) -> HttpRespons
     """A person's edit of a block's value, compare-and-set on the version the editor was showing."""
     actor = request.actor
     block = _agent_block(actor, agent_id, block_id)
-    value = request.POST.get("value", "").replace("\r\n", "\n")
-    try:
-        version = int(request.POST.get("version", ""))
-    except ValueError:
-        return _block_response(
-            request,
-            agent_id,
-            block,
-            status=400,
-            draft=value,
-            error="Reload the page: the edit form is stale.",
-        )
+    form = BlockEditForm(request.POST)
+    if not form.is_valid():
+        return _block_response(request, agent_id, block, status=400, draft=form.draft, error=form.first_error)
+    value, version = form.cleaned_data["value"], form.cleaned_data["version"]
     try:
         saved = memory_services.block_update(
             actor=actor, block_id=block.id, value=value, expected_version=version
@@ -163,9 +153,7 @@ def block_save(request: AdeRequest, agent_id: str, block_id: str) -> HttpRespons
         return _block_response(request, agent_id, current, status=409, unsaved=value, conflict_from=version)
     except InvalidInput as exc:  # BlockTooLong among them
         return _block_response(request, agent_id, block, status=422, draft=value, error=exc.message)
-    response = _block_response(request, agent_id, saved, saved_note=saved.version != version)
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
+    return agent_changed(_block_response(request, agent_id, saved, saved_note=saved.version != version))
 
 
 @require_GET
@@ -185,15 +173,12 @@ def block_restore(request: AdeRequest, agent_id: str, block_id: str, history_id:
     """Put the block back to the value it had after one history entry (recorded as a new version)."""
     actor = request.actor
     block = _agent_block(actor, agent_id, block_id)
-    if not memory_selectors.block_history(actor=actor, block_id=block.id).filter(id=history_id).exists():
-        raise Http404("No such version of this block")
+    entry = memory_selectors.block_history_get(actor=actor, block_id=block.id, history_id=history_id)
     try:
-        restored = memory_services.block_restore(actor=actor, history_id=history_id)
+        restored = memory_services.block_restore(actor=actor, history_id=entry.id)
     except InvalidInput as exc:  # e.g. the old value is over a limit lowered since
         return _block_response(request, agent_id, block, status=422, error=exc.message, show_history=True)
-    response = _block_response(request, agent_id, restored, saved_note=True, show_history=True)
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
+    return agent_changed(_block_response(request, agent_id, restored, saved_note=True, show_history=True))
 
 
 def _blocks(actor: Actor, agent_id: str) -> list[Block]:
@@ -316,26 +301,34 @@ def passage_delete(request: AdeRequest, agent_id: str, passage_id: str) -> HttpR
         "ade/workspace/memory/_passages.html",
         {**_archival_context(request, agent, query=request.POST), "notice": "Passage deleted."},
     )
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
+    return agent_changed(response)
 
 
 def _archival_insert(request: AdeRequest, agent: Agent) -> HttpResponse:
-    actor = request.actor
-    text = request.POST.get("text", "").replace("\r\n", "\n")
-    tags_text = request.POST.get("tags", "")
-    tags = [tag.strip() for tag in tags_text.split(",") if tag.strip()]
-    try:
-        agent_services.agent_passage_insert(actor=actor, agent_id=agent.id, text=text, tags=tags)
-    except DomainError as exc:  # empty text, bad tags, no embedding model, the provider failing
-        context = _archival_context(request, agent, query={})
-        context.update(add_error=exc.message, add_text=text, add_tags=tags_text, add_open=True)
-        return render(request, "ade/workspace/memory/_archival.html", context, status=refusal_status(exc))
+    form = PassageForm(request.POST)
+    template = "ade/workspace/memory/_archival.html"
+    status = 422
+    if form.is_valid():
+        try:
+            agent_services.agent_passage_insert(
+                actor=request.actor,
+                agent_id=agent.id,
+                text=form.cleaned_data["text"],
+                tags=form.cleaned_data["tags"],
+            )
+        except DomainError as exc:  # empty text, bad tags, no embedding model, the provider failing
+            form.add_domain_error(exc)
+            status = refusal_status(exc)
+        else:
+            context = _archival_context(request, agent, query={})
+            context["notice"] = "Passage saved to archival memory."
+            return agent_changed(render(request, template, context))
     context = _archival_context(request, agent, query={})
-    context["notice"] = "Passage saved to archival memory."
-    response = render(request, "ade/workspace/memory/_archival.html", context)
-    response["HX-Trigger"] = AGENT_CHANGED
-    return response
+    posted = form.values()
+    context.update(
+        add_error=form.first_error, add_text=posted["text"], add_tags=posted["tags"], add_open=True
+    )
+    return render(request, template, context, status=status)
 
 
 def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -> dict[str, Any]:
@@ -345,28 +338,19 @@ def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -
     params = request.GET if query is None else query
     q = (params.get("q") or "").strip()
     tag = (params.get("tag") or "").strip()
-    archive_list = list(archival.agent_archives(actor=actor, agent_id=agent.id))
-    archive_ids = [a.id for a in archive_list]
+    archival = memory_selectors.agent_archival(actor=actor, agent_id=agent.id)
     context: dict[str, Any] = {
         "agent": agent,
         "q": q,
         "tag": tag,
-        "tags": archival.archival_tags(actor=actor, archive_ids=archive_ids) if archive_ids else [],
-        "total": archival.archival_count(actor=actor, archive_ids=archive_ids) if archive_ids else 0,
+        "tags": archival.tags,
+        "total": archival.total,
         "has_embedding": bool(agent.embedding.strip()),
     }
     if q:
         try:
-            hits = (
-                archival.archive_search(
-                    actor=actor,
-                    archives=archive_list,
-                    query=q,
-                    tags=[tag] if tag else None,
-                    top_k=SEARCH_TOP_K,
-                )
-                if archive_list
-                else []
+            hits = memory_selectors.agent_archival_search(
+                actor=actor, archival=archival, query=q, tag=tag or None, top_k=SEARCH_TOP_K
             )
         except DomainError as exc:
             context["search_error"] = exc.message
@@ -380,7 +364,7 @@ def _archival_context(request: AdeRequest, agent: Agent, *, query: Any = None) -
             for hit in hits
         ]
         return context
-    passages = archival.passage_list(actor=actor, archive_ids=archive_ids, tags=[tag] if tag else None)
+    passages = memory_selectors.agent_archival_passages(actor=actor, archival=archival, tag=tag or None)
     page = Paginator(passages, PASSAGES_PER_PAGE).get_page(params.get("page"))
     context["page"] = page
     context["results"] = [{"passage": passage, "similarity": None} for passage in page]
@@ -400,7 +384,7 @@ def recall_search(request: AdeRequest, agent_id: str) -> HttpResponse:
     q = (request.GET.get("q") or "").strip()
     context: dict[str, Any] = {"agent": agent, "q": q}
     try:
-        context["results"] = recall.conversation_search(
+        context["results"] = agent_selectors.conversation_search(
             actor=actor,
             agent_id=agent.id,
             conversation_id=_conversation_id(request),

@@ -12,6 +12,7 @@ from django.shortcuts import render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.ade.forms.runs import StepFeedbackForm
 from apps.ade.views.base import AdeRequest, ade_view, error_response, refusal_status
 from apps.ade.views.conversation import STOP_REASON_LABELS, STOP_REASON_TONES, pretty_json, timeline_events
 from apps.agents.models import Message, Run, Step
@@ -103,9 +104,10 @@ def agent_runs(request: AdeRequest, agent_id: str) -> HttpResponse:
 def step_feedback(request: AdeRequest, step_id: str) -> HttpResponse:
     """Thumbs up/down on a step; choosing the current value again clears it."""
     step = step_get(actor=request.actor, step_id=step_id)
-    wanted = request.POST.get("feedback") or ""
-    if wanted not in (Step.Feedback.POSITIVE, Step.Feedback.NEGATIVE):
-        return error_response(request, "Feedback is 'positive' or 'negative'.", status=422)
+    form = StepFeedbackForm(request.POST)
+    if not form.is_valid():
+        return error_response(request, form.first_error, status=422)
+    wanted = form.cleaned_data["feedback"]
     try:
         step = step_set_feedback(
             actor=request.actor, step_id=step.id, feedback=None if step.feedback == wanted else wanted

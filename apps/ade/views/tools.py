@@ -18,12 +18,13 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from apps.ade.views.base import AdeRequest, ade_view
+from apps.ade.forms.tools import SourceForm, ToolForm, ToolRunForm
+from apps.ade.views.base import AdeRequest, ade_view, redirect_after_action
 from apps.core.errors import Conflict, InvalidInput, PermissionDenied
 from apps.tools import selectors as tool_selectors
 from apps.tools import services as tool_services
+from apps.tools.errors import ToolSchemaError
 from apps.tools.models import DEFAULT_RETURN_CHAR_LIMIT, Tool
-from apps.tools.schema import ToolSchemaError
 
 STARTER_SOURCE = '''def roll_dice(sides: int = 6, count: int = 1) -> str:
     """Roll dice and say what came up.
@@ -100,7 +101,7 @@ def tool_list(request: AdeRequest) -> HttpResponse:
         for tool in tool_selectors.tool_list_filtered(actor=actor, **filters).order_by("name")[:500]
     ]
     context = {"tools": tools, "query": query, "kind": kind, "kinds": KINDS}
-    if request.htmx and request.headers.get("HX-Target") == "tool-rows":
+    if request.htmx and request.htmx.target == "tool-rows":
         return render(request, "ade/tools/_rows.html", context)
     return render(request, "ade/tools/list.html", context)
 
@@ -150,42 +151,16 @@ def _schema_of(source: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, exc.message
 
 
-def _save_fields(request: AdeRequest) -> dict[str, Any]:
-    """The form's fields as service arguments. Raises InvalidInput for a limit that is not a number."""
-    tags = [t.strip() for t in request.POST.get("tags", "").split(",") if t.strip()]
-    limit_text = request.POST.get("return_char_limit", "").strip()
-    try:
-        limit = int(limit_text) if limit_text else DEFAULT_RETURN_CHAR_LIMIT
-    except ValueError as exc:
-        raise InvalidInput(f"The return character limit must be a whole number, got '{limit_text}'.") from exc
-    return {
-        "source_code": request.POST.get("source_code", "").replace("\r\n", "\n"),
-        "tags": list(dict.fromkeys(tags)),
-        "return_char_limit": limit,
-    }
-
-
-def _save_failed(request: AdeRequest, tool: Tool | None, error: str) -> HttpResponse:
+def _save_failed(
+    request: AdeRequest, tool: Tool | None, error: str, form: ToolForm | None = None
+) -> HttpResponse:
     if request.htmx:
         return render(request, "ade/tools/_save_status.html", {"error": error, "tool": tool}, status=422)
-    fields = {
-        "source": request.POST.get("source_code", ""),
-        "tags": request.POST.get("tags", ""),
-        "return_char_limit": request.POST.get("return_char_limit", ""),
-        "save_error": error,
-    }
-    context = _editor_context(request, tool, **fields)
+    fields = (form or ToolForm(request.POST)).redisplay()
+    context = _editor_context(request, tool, **fields, save_error=error)
     context["schema"], context["schema_error"] = _schema_of(fields["source"])
     context["schema_json"] = json.dumps(context["schema"], indent=2) if context["schema"] else ""
     return render(request, "ade/tools/editor.html", context, status=422)
-
-
-def _redirect(request: AdeRequest, url: str) -> HttpResponse:
-    if request.htmx:
-        response = HttpResponse(status=204)
-        response["HX-Redirect"] = url
-        return response
-    return redirect(url)
 
 
 @require_http_methods(["GET", "POST"])
@@ -193,12 +168,15 @@ def _redirect(request: AdeRequest, url: str) -> HttpResponse:
 def tool_new(request: AdeRequest) -> HttpResponse:
     if request.method != "POST":
         return render(request, "ade/tools/editor.html", _editor_context(request, None))
+    form = ToolForm(request.POST)
+    if not form.is_valid():
+        return _save_failed(request, None, form.first_error, form)
     try:
-        tool = tool_services.tool_create(actor=request.actor, **_save_fields(request))
+        tool = tool_services.tool_create(actor=request.actor, **form.cleaned_data)
     except (InvalidInput, Conflict) as exc:
-        return _save_failed(request, None, exc.message)
+        return _save_failed(request, None, exc.message, form)
     messages.success(request, f"Tool '{tool.name}' created.")
-    return _redirect(request, reverse("ade:tool-detail", args=[tool.id]))
+    return redirect_after_action(request, reverse("ade:tool-detail", args=[tool.id]))
 
 
 @require_http_methods(["GET", "POST"])
@@ -207,10 +185,13 @@ def tool_detail(request: AdeRequest, tool_id: str) -> HttpResponse:
     tool = tool_selectors.tool_get(actor=request.actor, tool_id=tool_id)
     if request.method != "POST":
         return render(request, "ade/tools/editor.html", _editor_context(request, tool))
+    form = ToolForm(request.POST)
+    if not form.is_valid():
+        return _save_failed(request, tool, form.first_error, form)
     try:
-        tool = tool_services.tool_update(actor=request.actor, tool_id=tool.id, **_save_fields(request))
+        tool = tool_services.tool_update(actor=request.actor, tool_id=tool.id, **form.cleaned_data)
     except (InvalidInput, Conflict) as exc:
-        return _save_failed(request, tool, exc.message)
+        return _save_failed(request, tool, exc.message, form)
     if not request.htmx:
         messages.success(request, f"Tool '{tool.name}' saved.")
         return redirect("ade:tool-detail", tool.id)
@@ -226,14 +207,17 @@ def tool_delete(request: AdeRequest, tool_id: str) -> HttpResponse:
     except InvalidInput as exc:  # a built-in
         return _save_failed(request, tool, exc.message)
     messages.success(request, f"Tool '{tool.name}' deleted.")
-    return _redirect(request, reverse("ade:tool-list"))
+    return redirect_after_action(request, reverse("ade:tool-list"))
 
 
 @require_POST
 @ade_view
 def schema_preview(request: AdeRequest) -> HttpResponse:
     """The schema the editor's current source would get (the live preview as the user types)."""
-    schema, error = _schema_of(request.POST.get("source_code", "").replace("\r\n", "\n"))
+    form = SourceForm(request.POST)
+    schema, error = (
+        _schema_of(form.cleaned_data["source_code"]) if form.is_valid() else (None, form.first_error)
+    )
     context = {
         "schema": schema,
         "schema_json": json.dumps(schema, indent=2) if schema else "",
@@ -251,19 +235,13 @@ def tool_run(request: AdeRequest) -> HttpResponse:
     def failed(error: str, status: int = 422) -> HttpResponse:
         return render(request, "ade/tools/_run_result.html", {"error": error}, status=status)
 
-    text = request.POST.get("args", "").strip() or "{}"
-    try:
-        args = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return failed(f"The arguments are not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).")
-    if not isinstance(args, dict):
-        return failed('The arguments must be a JSON object of parameter names and values, e.g. {"sides": 6}.')
+    form = ToolRunForm(request.POST)
+    if not form.is_valid():
+        return failed(form.first_error)
     started = time.monotonic()
     try:
         outcome = tool_services.tool_run(
-            actor=request.actor,
-            args=args,
-            source_code=request.POST.get("source_code", "").replace("\r\n", "\n"),
+            actor=request.actor, args=form.cleaned_data["args"], source_code=form.cleaned_data["source_code"]
         )
     except InvalidInput as exc:
         return failed(exc.message)

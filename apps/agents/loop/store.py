@@ -32,7 +32,6 @@ from apps.core.db import fetch_instances, insert_all, row_reader
 from apps.memory.models import AgentBlock, Block
 from apps.tools.models import Tool
 
-
 LEASE_LOST_SQLSTATE = "LR001"
 """What agents_require_run_lease raises when the run is no longer held under the given lease."""
 

@@ -16,7 +16,7 @@ from rest_framework import serializers
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
-from apps.agents.system_messages import with_thread_system_message
+from apps.agents.wire import with_thread_system_message
 from apps.api.serializers.common import BlockOut
 from apps.api.serializers.folders import FolderOut
 from apps.api.serializers.messages import _message_create
@@ -30,8 +30,7 @@ from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
 from apps.folders.selectors import files_of_agents
 from apps.identities.selectors import identity_ids_by_agent
-from apps.llm.handles import DEFAULT_CONTEXT_WINDOW
-from apps.llm.selectors import endpoint_for_tenants
+from apps.llm.selectors import DEFAULT_CONTEXT_WINDOW, endpoint_for_tenants
 
 AGENT_TYPES = [t.value for t in AgentType]
 

@@ -11,8 +11,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.serializers.archival import PassageOut, embedding_config
-from apps.memory.archival import MAX_ARCHIVE_NAME_LENGTH, PassageHit, PassageSpec
-from apps.memory.models import Archive
+from apps.memory.models import MAX_ARCHIVE_NAME_LENGTH, Archive
+from apps.memory.selectors import PassageHit
+from apps.memory.services import PassageSpec
 
 DEFAULT_SEARCH_LIMIT = 50  # Letta's PassageSearchRequest.limit
 MAX_SEARCH_LIMIT = 100

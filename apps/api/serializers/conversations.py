@@ -11,9 +11,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.agents.loop.events import UsageStatistics
-from apps.agents.loop.runner import Compaction
-from apps.agents.services import Generation
+from apps.agents.services import Compaction, Generation
+from apps.agents.wire import UsageStatistics
 
 COMPACTION_MODES = ["all", "sliding_window", "self_compact_all", "self_compact_sliding_window"]
 

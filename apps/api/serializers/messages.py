@@ -17,7 +17,7 @@ from rest_framework import serializers
 
 from apps.agents.models import Conversation, Run, Step, StopReason
 from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
-from apps.agents.system_messages import with_thread_system_message
+from apps.agents.wire import with_thread_system_message
 from apps.api.serializers.strict import refuse_unsupported
 from apps.llm.selectors import endpoint_for_tenants
 

@@ -14,8 +14,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.outbound import without_credentials
-from apps.llm.handles import OPENAI_API_BASE
 from apps.llm.models import Provider
+from apps.llm.selectors import OPENAI_API_BASE
 from apps.llm.services import BASE_URL_MAX_LENGTH
 
 KEY_MAX_LENGTH = 10_000

@@ -1,4 +1,5 @@
-"""GET /v1/agents/{agent_id}/export and POST /v1/agents/import: agent files (logic in apps.agents.agent_file).
+"""GET /v1/agents/{agent_id}/export and POST /v1/agents/import: agent files (logic in apps.agents.agent_file,
+through the agents' services).
 
 `/v1/agents/import` must be routed before any `/v1/agents/{agent_id}` pattern: list these patterns first.
 """
@@ -17,7 +18,8 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.agents import agent_file
+from apps.agents import services as agent_services
+from apps.agents.errors import AgentFileTooLarge
 from apps.api.base import OrgApiView
 from apps.core.errors import InvalidInput
 
@@ -42,7 +44,7 @@ class AgentExportApi(OrgApiView):
         params = data.validated_data
         if params["use_legacy_format"]:
             raise InvalidInput("Legacy format is not supported")
-        document = agent_file.agent_export(
+        document = agent_services.agent_export(
             actor=self.actor,
             agent_id=agent_id,
             conversation_id=params.get("conversation_id") or None,
@@ -75,7 +77,7 @@ class AgentImportApi(OrgApiView):
         # OrgApiView.initial parses the body (its NUL check reads request.data): look at its size first.
         declared = request.META.get("CONTENT_LENGTH") or ""
         if declared.isdigit() and int(declared) > settings.AGENT_FILE_MAX_BYTES + FORM_ALLOWANCE_BYTES:
-            raise agent_file.AgentFileTooLarge.over_limit()
+            raise AgentFileTooLarge.over_limit()
         super().initial(request, *args, **kwargs)
 
     class InputSerializer(serializers.Serializer):
@@ -103,9 +105,9 @@ class AgentImportApi(OrgApiView):
         data.is_valid(raise_exception=True)
         params = data.validated_data
         if params["file"].size > settings.AGENT_FILE_MAX_BYTES:
-            raise agent_file.AgentFileTooLarge.over_limit()
-        parsed = agent_file.parse_agent_file(params["file"].read())
-        result = agent_file.agent_import(
+            raise AgentFileTooLarge.over_limit()
+        parsed = agent_services.parse_agent_file(params["file"].read())
+        result = agent_services.agent_import(
             actor=self.actor,
             file=parsed,
             append_copy_suffix=params["append_copy_suffix"],

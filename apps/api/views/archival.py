@@ -1,7 +1,7 @@
 """/v1/agents/{agent_id}/archival-memory: insert, list, search and delete an agent's passages.
 
-Thin adapters over apps.memory.archival (the agent's archives, embedding, pgvector search, or a text match
-for archives without an embedding model); the agent is fetched first through the agents selector, so
+Thin adapters over archival memory through the memory app's selectors (the agent's archives, embedding,
+pgvector search, or a text match for archives without an embedding model); the agent is fetched first through the agents selector, so
 another organisation's agent is a 404 before anything runs.
 """
 
@@ -13,7 +13,6 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.agents import recall
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.models import Agent
@@ -22,14 +21,16 @@ from apps.api.serializers import archival as s
 from apps.core.actor import Actor
 from apps.core.errors import InvalidInput
 from apps.core.pagination import PageParams, paginate
-from apps.memory import archival
+from apps.memory import selectors as memory_selectors
 from apps.memory.models import Archive
 
 DEFAULT_LIST_LIMIT = 100  # Letta's default page of passages
 
 
 def _archives(actor: Actor, agent: Agent) -> dict[str, Archive]:
-    return {archive.id: archive for archive in archival.agent_archives(actor=actor, agent_id=agent.id)}
+    return {
+        archive.id: archive for archive in memory_selectors.agent_archives(actor=actor, agent_id=agent.id)
+    }
 
 
 def _list_order(query: QueryDict) -> str:
@@ -49,7 +50,7 @@ class PassageListCreateApi(OrgApiView):
         query = request.query_params
         agent = agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)
         archives = _archives(self.actor, agent)
-        qs = archival.passage_list(actor=self.actor, archive_ids=list(archives))
+        qs = memory_selectors.passage_list(actor=self.actor, archive_ids=list(archives))
         if query.get("search"):
             qs = qs.filter(text__icontains=query["search"])
         params = PageParams.from_query(
@@ -83,18 +84,20 @@ class PassageSearchApi(OrgApiView):
         data.is_valid(raise_exception=True)
         params = data.validated_data
         agent = agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)
-        zone = recall.agent_zone(agent.timezone)
-        start = recall.parse_time_bound(
+        zone = agent_selectors.agent_zone(agent.timezone)
+        start = agent_selectors.parse_time_bound(
             params.get("start_datetime"), zone=zone, end=False, name="start_datetime"
         )
-        end = recall.parse_time_bound(params.get("end_datetime"), zone=zone, end=True, name="end_datetime")
-        hits = archival.archive_search(
+        end = agent_selectors.parse_time_bound(
+            params.get("end_datetime"), zone=zone, end=True, name="end_datetime"
+        )
+        hits = memory_selectors.archive_search(
             actor=self.actor,
             archives=list(_archives(self.actor, agent).values()),
             query=params["query"],
             tags=params.get("tags"),
             tag_match_mode=params["tag_match_mode"],
-            top_k=params.get("top_k") or archival.DEFAULT_TOP_K,
+            top_k=params.get("top_k") or memory_selectors.DEFAULT_TOP_K,
             start=start,
             end=end,
         )

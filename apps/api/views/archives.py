@@ -1,5 +1,6 @@
 """/v1/archives (CRUD, the agents using an archive, its passages), /v1/agents/{agent_id}/archives/attach|detach
-and /v1/passages/search: thin adapters over apps.memory.archival and the agents' services.
+and /v1/passages/search: thin adapters over archival memory (the memory app's selectors and services) and the
+agents' services.
 
 Who may do what is decided in those services (the role matrix's ARCHIVE_CREATE / ARCHIVE_WRITE, and
 AGENT_CONFIGURE for attaching to an agent); another organisation's archive or agent is a 404.
@@ -21,7 +22,8 @@ from apps.api.serializers import archives as s
 from apps.api.serializers.archival import PassageOut
 from apps.api.views.agents import json_null
 from apps.core.pagination import PageParams, paginate
-from apps.memory import archival
+from apps.memory import selectors as memory_selectors
+from apps.memory import services as memory_services
 from apps.memory.models import Archive
 
 DEFAULT_LIST_LIMIT = 50  # Letta's default page of archives, and of an archive's agents
@@ -37,7 +39,9 @@ class ArchiveListCreateApi(OrgApiView):
         agent_id = query.validated_data.get("agent_id")
         if agent_id is not None:
             agent_selectors.agent_require(actor=self.actor, agent_id=agent_id)
-        qs = archival.archive_list(actor=self.actor, name=query.validated_data.get("name"), agent_id=agent_id)
+        qs = memory_selectors.archive_list(
+            actor=self.actor, name=query.validated_data.get("name"), agent_id=agent_id
+        )
         page = paginate(qs, PageParams.from_query(request.query_params, default_limit=DEFAULT_LIST_LIMIT))
         return Response(s.ArchiveOut(page, many=True).data)
 
@@ -45,7 +49,7 @@ class ArchiveListCreateApi(OrgApiView):
     def post(self, request: Request) -> Response:
         data = s.ArchiveCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        archive = archival.archive_create(
+        archive = memory_services.archive_create(
             actor=self.actor,
             name=data.validated_data["name"],
             description=data.validated_data.get("description") or "",
@@ -57,14 +61,14 @@ class ArchiveListCreateApi(OrgApiView):
 class ArchiveDetailApi(OrgApiView):
     @extend_schema(operation_id="retrieve_archive", responses=s.ArchiveOut)
     def get(self, request: Request, archive_id: str) -> Response:
-        archive = archival.archive_get(actor=self.actor, archive_id=archive_id)
+        archive = memory_selectors.archive_get(actor=self.actor, archive_id=archive_id)
         return Response(s.ArchiveOut(archive).data)
 
     @extend_schema(operation_id="modify_archive", request=s.ArchiveUpdateIn, responses=s.ArchiveOut)
     def patch(self, request: Request, archive_id: str) -> Response:
         data = s.ArchiveUpdateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        archive = archival.archive_update(
+        archive = memory_services.archive_update(
             actor=self.actor,
             archive_id=archive_id,
             name=data.validated_data.get("name"),
@@ -74,14 +78,14 @@ class ArchiveDetailApi(OrgApiView):
 
     @extend_schema(operation_id="delete_archive", responses={204: None})
     def delete(self, request: Request, archive_id: str) -> Response:
-        archival.archive_delete(actor=self.actor, archive_id=archive_id)
+        memory_services.archive_delete(actor=self.actor, archive_id=archive_id)
         return Response(status=204)
 
 
 class ArchiveAgentListApi(OrgApiView):
     @extend_schema(operation_id="list_agents_for_archive", responses=agent_s.AgentStateOut(many=True))
     def get(self, request: Request, archive_id: str) -> Response:
-        archive = archival.archive_get(actor=self.actor, archive_id=archive_id)
+        archive = memory_selectors.archive_get(actor=self.actor, archive_id=archive_id)
         qs = agent_selectors.agent_state_queryset(actor=self.actor).filter(archives__id=archive.id)
         page = paginate(qs, PageParams.from_query(request.query_params, default_limit=DEFAULT_LIST_LIMIT))
         return Response(agent_s.agent_states(page, actor=self.actor))
@@ -97,7 +101,7 @@ class ArchivePassageCreateApi(OrgApiView):
     def post(self, request: Request, archive_id: str) -> Response:
         data = s.ArchivePassageIn(data=request.data)
         data.is_valid(raise_exception=True)
-        archive, passages = archival.archive_passages_create(
+        archive, passages = memory_services.archive_passages_create(
             actor=self.actor, archive_id=archive_id, passages=[s.ArchivePassageIn.spec(data.validated_data)]
         )
         return Response(_passages_out(archive, passages, many=False))
@@ -113,7 +117,7 @@ class ArchivePassageBatchCreateApi(OrgApiView):
         data = s.ArchivePassageBatchIn(data=request.data)
         data.is_valid(raise_exception=True)
         specs = [s.ArchivePassageIn.spec(item) for item in data.validated_data["passages"]]
-        archive, passages = archival.archive_passages_create(
+        archive, passages = memory_services.archive_passages_create(
             actor=self.actor, archive_id=archive_id, passages=specs
         )
         return Response(_passages_out(archive, passages, many=True))
@@ -122,7 +126,7 @@ class ArchivePassageBatchCreateApi(OrgApiView):
 class ArchivePassageDeleteApi(OrgApiView):
     @extend_schema(operation_id="delete_passage_from_archive", responses={204: None})
     def delete(self, request: Request, archive_id: str, passage_id: str) -> Response:
-        archival.archive_passage_delete(actor=self.actor, archive_id=archive_id, passage_id=passage_id)
+        memory_services.archive_passage_delete(actor=self.actor, archive_id=archive_id, passage_id=passage_id)
         return Response(status=204)
 
 
@@ -155,12 +159,12 @@ class PassageSearchApi(OrgApiView):
         params = data.validated_data
         if params.get("agent_id"):
             agent = agent_selectors.agent_get(actor=self.actor, agent_id=params["agent_id"])
-            archives = list(archival.agent_archives(actor=self.actor, agent_id=agent.id))
+            archives = list(memory_selectors.agent_archives(actor=self.actor, agent_id=agent.id))
         elif params.get("archive_id"):
-            archives = [archival.archive_get(actor=self.actor, archive_id=params["archive_id"])]
+            archives = [memory_selectors.archive_get(actor=self.actor, archive_id=params["archive_id"])]
         else:
-            archives = list(archival.archive_list(actor=self.actor))
-        hits = archival.archive_search(
+            archives = list(memory_selectors.archive_list(actor=self.actor))
+        hits = memory_selectors.archive_search(
             actor=self.actor,
             archives=archives,
             query=(params.get("query") or "").strip() or None,

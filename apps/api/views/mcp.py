@@ -1,5 +1,5 @@
 """/v1/mcp-servers (Letta's MCP server router) and the legacy live listing / add-one-tool routes under
-/v1/tools/mcp/servers that the ADE uses: thin adapters over apps.tools.mcp.
+/v1/tools/mcp/servers that the ADE uses: thin adapters over the tools app's MCP selectors and services.
 
 Reads are open to every member; creating, changing, deleting, refreshing, running and live listing are
 for owners and admins (others get 404, as for another organisation's server). A server that is down or
@@ -20,12 +20,14 @@ from apps.agents import services as agent_services
 from apps.api.base import OrgApiView
 from apps.api.serializers import mcp as s
 from apps.api.serializers.tools import ToolResponse
-from apps.tools import mcp as mcp_services
+from apps.tools import selectors as tool_selectors
+from apps.tools import services as tool_services
+from apps.tools.errors import McpServerError
 
 
 class McpApiView(OrgApiView):
     def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, mcp_services.McpServerError):
+        if isinstance(exc, McpServerError):
             detail = exc.message
             if exc.stderr_tail:
                 detail += f"\nThe server's stderr ends with:\n{exc.stderr_tail}"
@@ -38,7 +40,7 @@ class McpApiView(OrgApiView):
 class McpServerListCreateApi(McpApiView):
     @extend_schema(operation_id="mcp_list_mcp_servers", responses=s.McpServerOut(many=True))
     def get(self, request: Request) -> Response:
-        servers = mcp_services.mcp_server_list(actor=self.actor)
+        servers = tool_selectors.mcp_server_list(actor=self.actor)
         return Response(s.McpServerOut(servers, many=True).data)
 
     @extend_schema(
@@ -47,14 +49,14 @@ class McpServerListCreateApi(McpApiView):
     def post(self, request: Request) -> Response:
         data = s.McpServerCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        server, _ = mcp_services.mcp_server_create(actor=self.actor, **data.validated_data)
+        server, _ = tool_services.mcp_server_create(actor=self.actor, **data.validated_data)
         return Response(s.McpServerOut(server).data)
 
 
 class McpServerDetailApi(McpApiView):
     @extend_schema(operation_id="mcp_get_mcp_server", responses=s.McpServerOut)
     def get(self, request: Request, mcp_server_id: str) -> Response:
-        server = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        server = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
         return Response(s.McpServerOut(server).data)
 
     @extend_schema(
@@ -63,31 +65,31 @@ class McpServerDetailApi(McpApiView):
     def patch(self, request: Request, mcp_server_id: str) -> Response:
         data = s.McpServerUpdateIn(data=request.data)
         data.is_valid(raise_exception=True)
-        current = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
-        server = mcp_services.mcp_server_update(
+        current = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        server = tool_services.mcp_server_update(
             actor=self.actor, server_id=current.id, **data.changes(current_type=current.server_type)
         )
         return Response(s.McpServerOut(server).data)
 
     @extend_schema(operation_id="mcp_delete_mcp_server", responses={204: None})
     def delete(self, request: Request, mcp_server_id: str) -> HttpResponse:
-        mcp_services.mcp_server_delete(actor=self.actor, server_id=mcp_server_id)
+        tool_services.mcp_server_delete(actor=self.actor, server_id=mcp_server_id)
         return HttpResponse(status=status.HTTP_204_NO_CONTENT)
 
 
 class McpServerToolListApi(McpApiView):
     @extend_schema(operation_id="mcp_list_mcp_tools_by_server", responses=ToolResponse(many=True))
     def get(self, request: Request, mcp_server_id: str) -> Response:
-        server = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
-        tools = mcp_services.mcp_server_tools(actor=self.actor, server=server).order_by("name")
+        server = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        tools = tool_selectors.mcp_server_tools(actor=self.actor, server=server).order_by("name")
         return Response(ToolResponse(tools, many=True).data)
 
 
 class McpServerToolDetailApi(McpApiView):
     @extend_schema(operation_id="mcp_get_mcp_tool", responses=ToolResponse)
     def get(self, request: Request, mcp_server_id: str, tool_id: str) -> Response:
-        server = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
-        tool = mcp_services.mcp_server_tool_get(actor=self.actor, server=server, tool_id=tool_id)
+        server = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        tool = tool_selectors.mcp_server_tool_get(actor=self.actor, server=server, tool_id=tool_id)
         return Response(ToolResponse(tool).data)
 
 
@@ -96,9 +98,9 @@ class McpServerToolRunApi(McpApiView):
     def post(self, request: Request, mcp_server_id: str, tool_id: str) -> Response:
         data = s.McpToolRunIn(data=request.data)
         data.is_valid(raise_exception=True)
-        server = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
-        tool = mcp_services.mcp_server_tool_get(actor=self.actor, server=server, tool_id=tool_id)
-        result = mcp_services.mcp_tool_run(
+        server = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        tool = tool_selectors.mcp_server_tool_get(actor=self.actor, server=server, tool_id=tool_id)
+        result = tool_services.mcp_tool_run(
             actor=self.actor, server=server, tool=tool, arguments=data.validated_data["args"]
         )
         return Response(s.ToolExecutionResultOut(result).data)
@@ -113,10 +115,10 @@ class McpServerRefreshApi(McpApiView):
     )
     def patch(self, request: Request, mcp_server_id: str) -> Response:
         agent_id = request.query_params.get("agent_id")
-        server = mcp_services.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
+        server = tool_selectors.mcp_server_get(actor=self.actor, server_id=mcp_server_id)
         if agent_id:
             agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)  # 404 before anything changes
-        summary = mcp_services.mcp_server_sync_tools(actor=self.actor, server=server)
+        summary = tool_services.mcp_server_sync_tools(actor=self.actor, server=server)
         attached = []
         if agent_id:
             for tool in summary.added_tools:
@@ -136,8 +138,8 @@ class McpServerRefreshApi(McpApiView):
 class LegacyMcpServerToolsApi(McpApiView):
     @extend_schema(operation_id="list_mcp_tools_by_server", responses=s.McpToolOut(many=True))
     def get(self, request: Request, mcp_server_name: str) -> Response:
-        server = mcp_services.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
-        remote = mcp_services.mcp_server_remote_tools(actor=self.actor, server=server)
+        server = tool_selectors.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
+        remote = tool_selectors.mcp_server_remote_tools(actor=self.actor, server=server)
         return Response(s.McpToolOut(remote, many=True).data)
 
 
@@ -162,11 +164,11 @@ class LegacyMcpServerResyncApi(McpApiView):
     def post(self, request: Request, mcp_server_name: str) -> Response:
         """Make the server's registered tools match what it lists now: new ones added, changed schemas
         updated, tools it no longer has deleted (Letta's resync; nothing is attached to the agent)."""
-        server = mcp_services.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
+        server = tool_selectors.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
         agent_id = request.query_params.get("agent_id")
         if agent_id:
             agent_selectors.agent_get(actor=self.actor, agent_id=agent_id)  # 404 before anything changes
-        summary = mcp_services.mcp_server_sync_tools(actor=self.actor, server=server)
+        summary = tool_services.mcp_server_sync_tools(actor=self.actor, server=server)
         body = {
             "added": summary.added,
             "updated": summary.updated,
@@ -180,8 +182,8 @@ class LegacyMcpServerResyncApi(McpApiView):
 class LegacyMcpToolAddApi(McpApiView):
     @extend_schema(operation_id="add_mcp_tool", request=None, responses=ToolResponse)
     def post(self, request: Request, mcp_server_name: str, mcp_tool_name: str) -> Response:
-        server = mcp_services.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
-        tool = mcp_services.mcp_tool_register(actor=self.actor, server=server, tool_name=mcp_tool_name)
+        server = tool_selectors.mcp_server_get_by_name(actor=self.actor, server_name=mcp_server_name)
+        tool = tool_services.mcp_tool_register(actor=self.actor, server=server, tool_name=mcp_tool_name)
         return Response(ToolResponse(tool).data)
 
 

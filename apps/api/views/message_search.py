@@ -1,5 +1,6 @@
 """POST /v1/messages/search (the SDK's messages.search): an organisation's messages ranked by keywords,
-meaning or both, as Letta's LettaMessageSearchResult list. A thin adapter over apps.agents.recall."""
+meaning or both, as Letta's LettaMessageSearchResult list. A thin adapter over the agents' recall search
+(apps.agents.selectors.organization_search)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.agents.loop.convert import to_letta_messages
 from apps.agents.models import Message
-from apps.agents.recall import MAX_LIMIT, SEARCH_MODES, organization_search
+from apps.agents.selectors import RECALL_MAX_LIMIT, RECALL_SEARCH_MODES, organization_search
+from apps.agents.wire import to_letta_messages
 from apps.api.base import OrgApiView
 
 SEARCH_RESULT_TYPES = {
@@ -29,10 +30,10 @@ class MessageSearchIn(serializers.Serializer):
     """Letta's SearchAllMessagesRequest."""
 
     query = serializers.CharField()
-    search_mode = serializers.ChoiceField(choices=SEARCH_MODES, default="hybrid")
+    search_mode = serializers.ChoiceField(choices=RECALL_SEARCH_MODES, default="hybrid")
     agent_id = serializers.CharField(required=False, allow_null=True)
     conversation_id = serializers.CharField(required=False, allow_null=True)
-    limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=50)
+    limit = serializers.IntegerField(min_value=1, max_value=RECALL_MAX_LIMIT, default=50)
     start_date = serializers.DateTimeField(required=False, allow_null=True)
     end_date = serializers.DateTimeField(required=False, allow_null=True)
 

@@ -39,9 +39,8 @@ from rest_framework.response import Response
 from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.errors import PendingApproval
-from apps.agents.loop.convert import to_letta_messages
-from apps.agents.loop.events import UsageStatistics
 from apps.agents.models import Message, Run
+from apps.agents.wire import UsageStatistics, to_letta_messages
 from apps.api import throttles
 from apps.api.base import OrgApiView
 from apps.api.errors import internal_error_response
