@@ -709,7 +709,7 @@ def _save_failed_step(state: LoopState, step: Step, exc: LLMError) -> None:
     step.status = Step.Status.FAILED
     step.error_type = type(exc).__name__
     step.error_data = {"message": exc.message}
-    store.save_failed_step(step, lease=state.run.lease)
+    store.save_failed_step(step, run_id=state.run.id, lease=state.run.lease)
 
 
 # --- tools ------------------------------------------------------------------------------------------

@@ -236,9 +236,10 @@ def persist_step(
     return row[0] if row else None
 
 
-def save_failed_step(step: Step, *, lease: str) -> None:
-    """A step whose LLM call failed. Raises LeaseLost (nothing written) when the run is no longer held."""
-    held, held_params = _lease_check(step.run_id, lease)
+def save_failed_step(step: Step, *, run_id: str, lease: str) -> None:
+    """A step of run `run_id` whose LLM call failed. Raises LeaseLost (nothing written) when the run is no
+    longer held under `lease`."""
+    held, held_params = _lease_check(run_id, lease)
     with _fenced():
         insert_all((Step, [step]), then=(f"SELECT {held}", held_params))
 
