@@ -93,6 +93,10 @@ from apps.tools.services import tool_upsert_builtins
 
 logger = logging.getLogger(__name__)
 
+
+# --- Agents: creation -----------------------------------------------------------------------------------
+
+
 AGENT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9 _'\-]+$")
 DEFAULT_BLOCK_DESCRIPTIONS = {
     "human": "Key details about the person you are conversing with, to personalise the conversation.",
@@ -312,12 +316,6 @@ def _tools_by_name(
     return [found[n] for n in wanted]
 
 
-def require_agent_permission(actor: Actor, agent: Agent, action: Action = Action.AGENT_CONFIGURE) -> None:
-    """The role matrix for an agent the actor can see: its creator, owners and admins configure it.
-    Raises PermissionDenied (403 with the reason)."""
-    permissions.require(actor, action, creator_id=agent.created_by_id, subject=f"agent '{agent.name}'")
-
-
 def _link_block(*, actor: Actor, agent: Agent, block_id: str) -> Block:
     """Link a block to an agent whose permission the caller has checked (agent_create, agent_update,
     agent_attach_block). Raises BlockNotFound (also for other organisations' blocks), DuplicateBlockLabel, PermissionDenied
@@ -338,6 +336,297 @@ def _link_tool(*, actor: Actor, agent: Agent, tool_id: str) -> Tool:
     return tool
 
 
+# --- Agents: configuration ------------------------------------------------------------------------------
+
+
+MODEL_SETTINGS_FIELDS = {
+    "temperature": "temperature",
+    "max_output_tokens": "max_tokens",
+    "parallel_tool_calls": "parallel_tool_calls",
+}
+"""Letta's model_settings keys kept as Agent columns (the loop reads them); other keys are kept verbatim."""
+TERMINAL_BASE_TOOLS = frozenset({"send_message", "send_message_to_agent_async", "memory_finish_edits"})
+DEFAULT_TEMPERATURE = 0.7
+
+
+SLEEPTIME_FREQUENCY_MAX = 1000
+
+
+def require_agent_permission(actor: Actor, agent: Agent, action: Action = Action.AGENT_CONFIGURE) -> None:
+    """The role matrix for an agent the actor can see: its creator, owners and admins configure it.
+    Raises PermissionDenied (403 with the reason)."""
+    permissions.require(actor, action, creator_id=agent.created_by_id, subject=f"agent '{agent.name}'")
+
+
+def validate_timezone(name: str) -> str:
+    """An IANA zone name (the agent's clock in prompts and tool timestamps). Raises InvalidInput."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidInput(f"Unknown timezone {name!r}: use an IANA name such as 'Europe/Paris'") from exc
+    return name
+
+
+def validate_handle(handle: str, *, kind: str) -> str:
+    """Shape only ('provider/model'): whether a provider can serve it is decided at call time."""
+    if handle and "/" not in handle:
+        raise InvalidInput(f"Invalid {kind} handle {handle!r}: expected 'provider/model-name'")
+    return handle
+
+
+def validate_context_window_limit(*, actor: Actor, model: str, limit: int | None) -> None:
+    """Refuse a limit above what the model is known to accept (ContextWindowLimitTooLarge), now rather
+    than at the first run. A handle that cannot be resolved yet (no key configured) is not judged here."""
+    if not model or limit is None:
+        return
+    try:
+        resolve_model(model, organization_id=actor.organization_id, context_window_limit=limit)
+    except UnknownModelHandle:
+        return
+
+
+def validate_model_available(*, actor: Actor, model: str) -> str:
+    """A chat handle some provider of the organisation can serve now (not only the right shape).
+
+    Raises InvalidInput for an empty or malformed handle, UnknownModelHandle (ProviderNotConfigured)
+    for one no configured provider serves.
+    """
+    handle = (model or "").strip()
+    if not handle:
+        raise InvalidInput("Choose a model: a handle such as 'openai/gpt-4o-mini'")
+    validate_handle(handle, kind="model")
+    resolve_model(handle, organization_id=actor.organization_id)
+    return handle
+
+
+def split_model_settings(model_settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Agent column values, provider extras). `provider_type` is dropped: the handle decides it."""
+    columns = {
+        column: model_settings[key] for key, column in MODEL_SETTINGS_FIELDS.items() if key in model_settings
+    }
+    extras = {
+        key: value
+        for key, value in model_settings.items()
+        if key not in MODEL_SETTINGS_FIELDS and key != "provider_type"
+    }
+    return columns, extras
+
+
+def base_tool_rules(*, agent: Agent, tool_rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Letta's `include_base_tool_rules`: exit_loop for terminal base tools, continue_loop for the others,
+    for each attached base tool that has no loop rule yet."""
+    base = set(base_tool_names(agent.agent_type, enable_sleeptime=agent.enable_sleeptime))
+    ruled = {r.get("tool_name") for r in tool_rules if r.get("type") in ("exit_loop", "continue_loop")}
+    names = sorted(base & {t.name for t in agent.tools.all()} - ruled)
+    return [
+        *tool_rules,
+        *(
+            {"type": "exit_loop" if n in TERMINAL_BASE_TOOLS else "continue_loop", "tool_name": n}
+            for n in names
+        ),
+    ]
+
+
+@transaction.atomic
+def agent_create_with_settings(
+    *,
+    actor: Actor,
+    model_settings: dict[str, Any] | None = None,
+    compaction_settings: dict[str, Any] | None = None,
+    message_buffer_autoclear: bool = False,
+    hidden: bool = False,
+    include_base_tool_rules: bool = False,
+    timezone_name: str = "UTC",
+    embedding: str = "",
+    **fields: Any,
+) -> Agent:
+    """`agent_create` plus what Letta's CreateAgent adds on top: model_settings (columns and provider extras),
+    compaction settings, the base tool rules, a validated timezone. Raises what agent_create raises."""
+    columns, extras = split_model_settings(model_settings or {})
+    validate_context_window_limit(
+        actor=actor, model=fields.get("model", ""), limit=fields.get("context_window_limit")
+    )
+    agent = agent_create(
+        actor=actor,
+        timezone_name=validate_timezone(timezone_name),
+        embedding=validate_handle(embedding, kind="embedding"),
+        store_system_message=False,  # below, once the tool rules are final
+        **{**fields, **columns},
+    )
+    agent.model_settings = extras
+    agent.compaction_settings = compaction_settings or {}
+    agent.message_buffer_autoclear = message_buffer_autoclear
+    agent.hidden = hidden
+    if include_base_tool_rules:
+        agent.tool_rules = dump_tool_rules(
+            parse_tool_rules(base_tool_rules(agent=agent, tool_rules=agent.tool_rules))
+        )
+    agent.save(
+        update_fields=[
+            "model_settings",
+            "compaction_settings",
+            "message_buffer_autoclear",
+            "hidden",
+            "tool_rules",
+            "updated_at",
+        ]
+    )
+    store_thread_system_message(actor=actor, agent=agent)
+    return agent
+
+
+def _lock_agent(*, actor: Actor, agent_id: str) -> Agent:
+    agent = Agent.objects.for_actor(actor).select_for_update().filter(id=agent_id).first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    return agent
+
+
+@transaction.atomic
+def agent_update(
+    *,
+    actor: Actor,
+    agent_id: str,
+    name: str = UNSET,
+    description: str | None = UNSET,
+    system: str | None = UNSET,
+    tags: list[str] | None = UNSET,
+    metadata: dict[str, Any] | None = UNSET,
+    model: str = UNSET,
+    embedding: str | None = UNSET,
+    context_window_limit: int | None = UNSET,
+    model_settings: dict[str, Any] | None = UNSET,
+    compaction_settings: dict[str, Any] | None = UNSET,
+    timezone_name: str | None = UNSET,
+    secrets_: dict[str, str] | None = UNSET,
+    message_buffer_autoclear: bool = UNSET,
+    enable_sleeptime: bool = UNSET,
+    hidden: bool = UNSET,
+    tool_ids: list[str] = UNSET,
+    block_ids: list[str] = UNSET,
+    tool_rules: list[Any] | None = UNSET,
+    message_ids: list[str] = UNSET,
+    last_run_completion: datetime | None = UNSET,
+    last_run_duration_ms: int | None = UNSET,
+    last_stop_reason: str | None = UNSET,
+) -> Agent:
+    """Change any subset of an agent (UNSET = keep; None = clear back to the default).
+
+    Turning sleeptime on creates the sleeptime agent (as agent_create does); turning it off unlinks it.
+    List fields (tags, tool_ids, block_ids, message_ids, secrets) replace the whole set. Only changed
+    columns are written, so a run saving message_ids meanwhile is not overwritten by an unrelated edit.
+    Raises AgentNotFound, InvalidInput (bad name, handle, timezone, tool rules, unknown tool or message
+    ids), BlockNotFound and DuplicateBlockLabel; nothing is written when it raises.
+    """
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    changes: dict[str, Any] = {}
+    if name is not UNSET:
+        changes["name"] = validate_agent_name(name)
+    if description is not UNSET:
+        changes["description"] = description or ""
+    if system is not UNSET:
+        changes["system"] = system or ""
+    if tags is not UNSET:
+        changes["tags"] = sorted(set(tags or []))
+    if metadata is not UNSET:
+        changes["metadata"] = metadata or {}
+    if model is not UNSET:
+        changes["model"] = validate_handle(model, kind="model")
+    if embedding is not UNSET:
+        changes["embedding"] = validate_handle(embedding or "", kind="embedding")
+        if changes["embedding"] != agent.embedding:
+            changes["embedding_dim"] = None  # learned again from the new model's first call
+    if context_window_limit is not UNSET:
+        changes["context_window_limit"] = context_window_limit
+    if model_settings is not UNSET:
+        columns, extras = split_model_settings(model_settings or {})
+        if model_settings is None:
+            columns = {"temperature": DEFAULT_TEMPERATURE, "max_tokens": None, "parallel_tool_calls": False}
+        changes |= {**columns, "model_settings": extras}
+    if compaction_settings is not UNSET:
+        changes["compaction_settings"] = compaction_settings or {}
+    if timezone_name is not UNSET:
+        changes["timezone"] = validate_timezone(timezone_name or "UTC")
+    if message_buffer_autoclear is not UNSET:
+        changes["message_buffer_autoclear"] = message_buffer_autoclear
+    if enable_sleeptime is not UNSET:
+        changes["enable_sleeptime"] = enable_sleeptime
+        if not enable_sleeptime:
+            changes["sleeptime_agent"] = None  # unlinked, not deleted: it is an agent the user can see
+    if hidden is not UNSET:
+        changes["hidden"] = hidden
+    if tool_rules is not UNSET:
+        changes["tool_rules"] = dump_tool_rules(parse_tool_rules(tool_rules or []))
+    if message_ids is not UNSET:
+        changes["message_ids"] = _validated_message_ids(
+            actor=actor, agent=agent, message_ids=without_thread_system_message(agent.id, None, message_ids)
+        )
+    if last_run_completion is not UNSET:
+        changes["last_run_completion"] = last_run_completion
+    if last_run_duration_ms is not UNSET:
+        changes["last_run_duration_ms"] = last_run_duration_ms
+    if last_stop_reason is not UNSET:
+        changes["last_stop_reason"] = last_stop_reason or ""
+
+    if tool_ids is not UNSET:
+        _replace_tools(actor=actor, agent=agent, tool_ids=tool_ids)
+    if block_ids is not UNSET:
+        _replace_blocks(actor=actor, agent=agent, block_ids=block_ids)
+    if secrets_ is not UNSET:
+        _replace_secrets(actor=actor, agent=agent, secrets_=secrets_ or {})
+
+    if "model" in changes or changes.get("context_window_limit") is not None:
+        validate_context_window_limit(
+            actor=actor,
+            model=changes.get("model", agent.model),
+            limit=changes.get("context_window_limit", agent.context_window_limit),
+        )
+    for column, value in changes.items():
+        setattr(agent, column, value)
+    agent.last_updated_by_id = actor.user_id
+    agent.save(update_fields=[*changes, "last_updated_by", "updated_at"])
+    if "system" in changes or block_ids is not UNSET:
+        # What it lists changes now, as on Letta (the loop would compile the new prompt anyway).
+        store_thread_system_message(actor=actor, agent=agent)
+    if (
+        agent.enable_sleeptime
+        and agent.sleeptime_agent_id is None
+        and agent.agent_type != AgentType.SLEEPTIME
+    ):
+        _create_sleeptime_agent(actor=actor, primary=agent)
+    return agent
+
+
+def _validated_message_ids(*, actor: Actor, agent: Agent, message_ids: list[str]) -> list[str]:
+    found = set(
+        Message.objects.for_actor(actor).filter(agent=agent, id__in=message_ids).values_list("id", flat=True)
+    )
+    missing = [m for m in message_ids if m not in found]
+    if missing:
+        raise InvalidInput(f"Messages not found on agent '{agent.id}': {', '.join(missing)}")
+    return list(message_ids)
+
+
+def _replace_tools(*, actor: Actor, agent: Agent, tool_ids: list[str]) -> None:
+    AgentTool.objects.filter(agent=agent).exclude(tool_id__in=tool_ids).delete()
+    for tool_id in dict.fromkeys(tool_ids):
+        _link_tool(actor=actor, agent=agent, tool_id=tool_id)
+
+
+def _replace_blocks(*, actor: Actor, agent: Agent, block_ids: list[str]) -> None:
+    """Detach first, so a new block may take the label of one it replaces."""
+    AgentBlock.objects.filter(agent=agent).exclude(block_id__in=block_ids).delete()
+    for block_id in dict.fromkeys(block_ids):
+        _link_block(actor=actor, agent=agent, block_id=block_id)
+
+
+def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) -> None:
+    AgentSecret.objects.for_actor(actor).filter(agent=agent).exclude(key__in=list(secrets_)).delete()
+    for key, value in secrets_.items():
+        AgentSecret.objects.for_actor(actor).update_or_create(agent=agent, key=key, defaults={"value": value})
+
+
 @transaction.atomic
 def agent_set_tool_rules(*, actor: Actor, agent_id: str, tool_rules: list[Any]) -> Agent:
     """Replace the agent's tool rules (approvals included). Raises ToolRuleError with a readable message
@@ -348,6 +637,62 @@ def agent_set_tool_rules(*, actor: Actor, agent_id: str, tool_rules: list[Any]) 
     agent.last_updated_by_id = actor.user_id
     agent.save(update_fields=["tool_rules", "last_updated_by", "updated_at"])
     return agent
+
+
+@transaction.atomic
+def agent_tool_rule_save(
+    *,
+    actor: Actor,
+    agent_id: str,
+    rule: dict[str, Any],
+    index: int | None = None,
+    expected: dict[str, Any] | None = None,
+) -> Agent:
+    """Append a tool rule (`index` None) or replace the one at `index`. With `expected`, the rule being
+    replaced must still be that one: compare-and-set under the agent's lock, so an edit made on a stale copy
+    never overwrites someone else's. Raises ToolRulesChanged, ToolRuleError (the rules module's readable
+    message, `tool_rules[i]` naming the rule), AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    rules = list(agent.tool_rules)
+    if index is not None and (index >= len(rules) or (expected is not None and rules[index] != expected)):
+        raise ToolRulesChanged("The agent's rules changed since this form opened: cancel and edit again.")
+    if index is None:
+        rules.append(rule)
+    else:
+        rules[index] = rule
+    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
+
+
+@transaction.atomic
+def agent_tool_rule_delete(*, actor: Actor, agent_id: str, index: int) -> Agent:
+    """Remove the tool rule at `index` (none there: nothing changes). Raises AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    rules = list(agent.tool_rules)
+    if index >= len(rules):
+        return agent
+    del rules[index]
+    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
+
+
+@transaction.atomic
+def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency: int) -> Agent:
+    """Turn the agent's sleeptime memory agent on or off (as agent_update does) and set how many of the
+    primary's turns pass between its runs. Raises AgentNotFound, InvalidInput (frequency out of range)."""
+    if not 1 <= frequency <= SLEEPTIME_FREQUENCY_MAX:
+        raise InvalidInput(f"Sleeptime frequency must be between 1 and {SLEEPTIME_FREQUENCY_MAX} turns")
+    agent = agent_update(actor=actor, agent_id=agent_id, enable_sleeptime=enabled)
+    agent.sleeptime_agent_frequency = frequency
+    agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
+    return agent
+
+
+@transaction.atomic
+def agent_set_temperature(*, actor: Actor, agent_id: str, temperature: float) -> Agent:
+    """Set the sampling temperature, keeping the provider extras of model_settings (read under the agent's
+    lock, so a concurrent change of them is not undone). Raises AgentNotFound, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    settings_ = {**agent.model_settings, "temperature": temperature}
+    return agent_update(actor=actor, agent_id=agent.id, model_settings=settings_)
 
 
 @transaction.atomic
@@ -365,6 +710,115 @@ def agent_reset_messages(*, actor: Actor, agent_id: str) -> Agent:
     agent = agent_get(actor=actor, agent_id=agent_id)
     require_agent_permission(actor, agent, Action.AGENT_RESET_MESSAGES)
     return agent_update(actor=actor, agent_id=agent_id, message_ids=[])
+
+
+# --- Agents: what is attached (tools, blocks, archives) and archival passages ---------------------------
+
+
+@transaction.atomic
+def agent_attach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
+    """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool, PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    tool = tool_get(actor=actor, tool_id=tool_id)
+    AgentTool.objects.get_or_create(agent=agent, tool=tool)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
+    """Detach a tool; detaching one that is not attached is a no-op. Raises AgentNotFound, NotFound,
+    PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    tool = tool_get(actor=actor, tool_id=tool_id)
+    AgentTool.objects.filter(agent=agent, tool=tool).delete()
+    return agent
+
+
+@transaction.atomic
+def agent_attach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+    """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel,
+    PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    _link_block(actor=actor, agent=agent, block_id=block_id)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
+    """Detach a block; the block itself survives. Raises AgentNotFound, BlockNotFound (also when the block
+    exists but is not attached to this agent), PermissionDenied."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    block = block_get(actor=actor, block_id=block_id)
+    if not memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id):
+        raise BlockNotFound(f"Block with id '{block_id}' is not attached to agent '{agent_id}'")
+    return agent
+
+
+def agent_block_update_by_label(*, actor: Actor, agent_id: str, block_label: str, **fields: Any) -> Block:
+    """Edit the agent's block with this label as the acting user (recorded in the block's history).
+
+    Raises AgentNotFound, BlockNotFound, BlockTooLong, DuplicateBlockLabel.
+    """
+    block = agent_block_get_by_label(actor=actor, agent_id=agent_id, label=block_label)
+    return memory_services.block_update(actor=actor, block_id=block.id, **fields)
+
+
+@transaction.atomic
+def agent_attach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
+    """Attach an archive of the organisation to the agent (an archive may serve several agents): the
+    agent's archival searches then cover it. Attaching twice is a no-op. Raises AgentNotFound,
+    ArchiveNotFound, PermissionDenied (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archival.archive_attach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
+    return agent
+
+
+@transaction.atomic
+def agent_detach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
+    """Detach an archive from the agent; the archive and its passages stay. Detaching one that is not
+    attached is a no-op (as in Letta). Raises AgentNotFound, ArchiveNotFound, PermissionDenied
+    (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
+    agent = _lock_agent(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archival.archive_detach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
+    return agent
+
+
+def agent_passage_insert(
+    *, actor: Actor, agent_id: str, text: str, tags: list[str] | None = None
+) -> tuple[Archive, list[Passage]]:
+    """Add a passage to the agent's archival memory as the acting person (embedded with the archive's
+    model). Raises AgentNotFound, PermissionDenied, InvalidInput, EmbeddingModelMissing, LLM errors."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archive = archival.agent_archive(
+        actor=actor, agent_id=agent.id, embedding_handle=agent.embedding, embedding_dim=agent.embedding_dim
+    )
+    passages = archival.passage_insert(
+        actor=actor,
+        archive=archive,
+        texts=[text],
+        tags=tags,
+        embedding_handle=archive.embedding or agent.embedding,
+        created_by_id=actor.user_id,
+    )
+    return archive, passages
+
+
+def agent_passage_delete(*, actor: Actor, agent_id: str, passage_id: str) -> None:
+    """Raises AgentNotFound, PermissionDenied, NotFound (a passage of none of the agent's archives)."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    require_agent_permission(actor, agent)
+    archive_ids = [archive.id for archive in archival.agent_archives(actor=actor, agent_id=agent.id)]
+    archival.passage_delete(actor=actor, passage_id=passage_id, archive_ids=archive_ids)
+
+
+# --- Runs: sending messages, approvals, cancelling, collecting the answer -------------------------------
 
 
 @dataclass(frozen=True)
@@ -665,16 +1119,6 @@ def run_cancel(*, actor: Actor, run_id: str) -> Run:
     return run
 
 
-def conversation_create(*, actor: Actor, agent_id: str, summary: str = "") -> Conversation:
-    """A new thread of the agent: its own messages, the agent's shared memory blocks."""
-    agent = agent_get(actor=actor, agent_id=agent_id)
-    conversation = Conversation.objects.for_actor(actor).create(
-        agent=agent, summary=summary, created_by_id=actor.user_id
-    )
-    store_thread_system_message(actor=actor, agent=agent, conversation_id=conversation.id)
-    return conversation
-
-
 def run_submit(run: Run) -> None:
     """Have the run executed once the current transaction commits (by a worker, or in this process
     when RUN_EXECUTOR=in_process). Its events arrive in the run's stream (apps.streams.events)."""
@@ -808,352 +1252,7 @@ def _collected_from_database(*, actor: Actor, run: Run) -> CollectedRun:
     )
 
 
-# --- Writes behind the /v1 agent and core-memory endpoints -------------------------------------------------
-
-MODEL_SETTINGS_FIELDS = {
-    "temperature": "temperature",
-    "max_output_tokens": "max_tokens",
-    "parallel_tool_calls": "parallel_tool_calls",
-}
-"""Letta's model_settings keys kept as Agent columns (the loop reads them); other keys are kept verbatim."""
-TERMINAL_BASE_TOOLS = frozenset({"send_message", "send_message_to_agent_async", "memory_finish_edits"})
-DEFAULT_TEMPERATURE = 0.7
-
-
-def validate_timezone(name: str) -> str:
-    """An IANA zone name (the agent's clock in prompts and tool timestamps). Raises InvalidInput."""
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidInput(f"Unknown timezone {name!r}: use an IANA name such as 'Europe/Paris'") from exc
-    return name
-
-
-def validate_handle(handle: str, *, kind: str) -> str:
-    """Shape only ('provider/model'): whether a provider can serve it is decided at call time."""
-    if handle and "/" not in handle:
-        raise InvalidInput(f"Invalid {kind} handle {handle!r}: expected 'provider/model-name'")
-    return handle
-
-
-def validate_context_window_limit(*, actor: Actor, model: str, limit: int | None) -> None:
-    """Refuse a limit above what the model is known to accept (ContextWindowLimitTooLarge), now rather
-    than at the first run. A handle that cannot be resolved yet (no key configured) is not judged here."""
-    if not model or limit is None:
-        return
-    try:
-        resolve_model(model, organization_id=actor.organization_id, context_window_limit=limit)
-    except UnknownModelHandle:
-        return
-
-
-def split_model_settings(model_settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Agent column values, provider extras). `provider_type` is dropped: the handle decides it."""
-    columns = {
-        column: model_settings[key] for key, column in MODEL_SETTINGS_FIELDS.items() if key in model_settings
-    }
-    extras = {
-        key: value
-        for key, value in model_settings.items()
-        if key not in MODEL_SETTINGS_FIELDS and key != "provider_type"
-    }
-    return columns, extras
-
-
-def base_tool_rules(*, agent: Agent, tool_rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Letta's `include_base_tool_rules`: exit_loop for terminal base tools, continue_loop for the others,
-    for each attached base tool that has no loop rule yet."""
-    base = set(base_tool_names(agent.agent_type, enable_sleeptime=agent.enable_sleeptime))
-    ruled = {r.get("tool_name") for r in tool_rules if r.get("type") in ("exit_loop", "continue_loop")}
-    names = sorted(base & {t.name for t in agent.tools.all()} - ruled)
-    return [
-        *tool_rules,
-        *(
-            {"type": "exit_loop" if n in TERMINAL_BASE_TOOLS else "continue_loop", "tool_name": n}
-            for n in names
-        ),
-    ]
-
-
-@transaction.atomic
-def agent_create_with_settings(
-    *,
-    actor: Actor,
-    model_settings: dict[str, Any] | None = None,
-    compaction_settings: dict[str, Any] | None = None,
-    message_buffer_autoclear: bool = False,
-    hidden: bool = False,
-    include_base_tool_rules: bool = False,
-    timezone_name: str = "UTC",
-    embedding: str = "",
-    **fields: Any,
-) -> Agent:
-    """`agent_create` plus what Letta's CreateAgent adds on top: model_settings (columns and provider extras),
-    compaction settings, the base tool rules, a validated timezone. Raises what agent_create raises."""
-    columns, extras = split_model_settings(model_settings or {})
-    validate_context_window_limit(
-        actor=actor, model=fields.get("model", ""), limit=fields.get("context_window_limit")
-    )
-    agent = agent_create(
-        actor=actor,
-        timezone_name=validate_timezone(timezone_name),
-        embedding=validate_handle(embedding, kind="embedding"),
-        store_system_message=False,  # below, once the tool rules are final
-        **{**fields, **columns},
-    )
-    agent.model_settings = extras
-    agent.compaction_settings = compaction_settings or {}
-    agent.message_buffer_autoclear = message_buffer_autoclear
-    agent.hidden = hidden
-    if include_base_tool_rules:
-        agent.tool_rules = dump_tool_rules(
-            parse_tool_rules(base_tool_rules(agent=agent, tool_rules=agent.tool_rules))
-        )
-    agent.save(
-        update_fields=[
-            "model_settings",
-            "compaction_settings",
-            "message_buffer_autoclear",
-            "hidden",
-            "tool_rules",
-            "updated_at",
-        ]
-    )
-    store_thread_system_message(actor=actor, agent=agent)
-    return agent
-
-
-def _lock_agent(*, actor: Actor, agent_id: str) -> Agent:
-    agent = Agent.objects.for_actor(actor).select_for_update().filter(id=agent_id).first()
-    if agent is None:
-        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
-    return agent
-
-
-@transaction.atomic
-def agent_update(
-    *,
-    actor: Actor,
-    agent_id: str,
-    name: str = UNSET,
-    description: str | None = UNSET,
-    system: str | None = UNSET,
-    tags: list[str] | None = UNSET,
-    metadata: dict[str, Any] | None = UNSET,
-    model: str = UNSET,
-    embedding: str | None = UNSET,
-    context_window_limit: int | None = UNSET,
-    model_settings: dict[str, Any] | None = UNSET,
-    compaction_settings: dict[str, Any] | None = UNSET,
-    timezone_name: str | None = UNSET,
-    secrets_: dict[str, str] | None = UNSET,
-    message_buffer_autoclear: bool = UNSET,
-    enable_sleeptime: bool = UNSET,
-    hidden: bool = UNSET,
-    tool_ids: list[str] = UNSET,
-    block_ids: list[str] = UNSET,
-    tool_rules: list[Any] | None = UNSET,
-    message_ids: list[str] = UNSET,
-    last_run_completion: datetime | None = UNSET,
-    last_run_duration_ms: int | None = UNSET,
-    last_stop_reason: str | None = UNSET,
-) -> Agent:
-    """Change any subset of an agent (UNSET = keep; None = clear back to the default).
-
-    Turning sleeptime on creates the sleeptime agent (as agent_create does); turning it off unlinks it.
-    List fields (tags, tool_ids, block_ids, message_ids, secrets) replace the whole set. Only changed
-    columns are written, so a run saving message_ids meanwhile is not overwritten by an unrelated edit.
-    Raises AgentNotFound, InvalidInput (bad name, handle, timezone, tool rules, unknown tool or message
-    ids), BlockNotFound and DuplicateBlockLabel; nothing is written when it raises.
-    """
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    changes: dict[str, Any] = {}
-    if name is not UNSET:
-        changes["name"] = validate_agent_name(name)
-    if description is not UNSET:
-        changes["description"] = description or ""
-    if system is not UNSET:
-        changes["system"] = system or ""
-    if tags is not UNSET:
-        changes["tags"] = sorted(set(tags or []))
-    if metadata is not UNSET:
-        changes["metadata"] = metadata or {}
-    if model is not UNSET:
-        changes["model"] = validate_handle(model, kind="model")
-    if embedding is not UNSET:
-        changes["embedding"] = validate_handle(embedding or "", kind="embedding")
-        if changes["embedding"] != agent.embedding:
-            changes["embedding_dim"] = None  # learned again from the new model's first call
-    if context_window_limit is not UNSET:
-        changes["context_window_limit"] = context_window_limit
-    if model_settings is not UNSET:
-        columns, extras = split_model_settings(model_settings or {})
-        if model_settings is None:
-            columns = {"temperature": DEFAULT_TEMPERATURE, "max_tokens": None, "parallel_tool_calls": False}
-        changes |= {**columns, "model_settings": extras}
-    if compaction_settings is not UNSET:
-        changes["compaction_settings"] = compaction_settings or {}
-    if timezone_name is not UNSET:
-        changes["timezone"] = validate_timezone(timezone_name or "UTC")
-    if message_buffer_autoclear is not UNSET:
-        changes["message_buffer_autoclear"] = message_buffer_autoclear
-    if enable_sleeptime is not UNSET:
-        changes["enable_sleeptime"] = enable_sleeptime
-        if not enable_sleeptime:
-            changes["sleeptime_agent"] = None  # unlinked, not deleted: it is an agent the user can see
-    if hidden is not UNSET:
-        changes["hidden"] = hidden
-    if tool_rules is not UNSET:
-        changes["tool_rules"] = dump_tool_rules(parse_tool_rules(tool_rules or []))
-    if message_ids is not UNSET:
-        changes["message_ids"] = _validated_message_ids(
-            actor=actor, agent=agent, message_ids=without_thread_system_message(agent.id, None, message_ids)
-        )
-    if last_run_completion is not UNSET:
-        changes["last_run_completion"] = last_run_completion
-    if last_run_duration_ms is not UNSET:
-        changes["last_run_duration_ms"] = last_run_duration_ms
-    if last_stop_reason is not UNSET:
-        changes["last_stop_reason"] = last_stop_reason or ""
-
-    if tool_ids is not UNSET:
-        _replace_tools(actor=actor, agent=agent, tool_ids=tool_ids)
-    if block_ids is not UNSET:
-        _replace_blocks(actor=actor, agent=agent, block_ids=block_ids)
-    if secrets_ is not UNSET:
-        _replace_secrets(actor=actor, agent=agent, secrets_=secrets_ or {})
-
-    if "model" in changes or changes.get("context_window_limit") is not None:
-        validate_context_window_limit(
-            actor=actor,
-            model=changes.get("model", agent.model),
-            limit=changes.get("context_window_limit", agent.context_window_limit),
-        )
-    for column, value in changes.items():
-        setattr(agent, column, value)
-    agent.last_updated_by_id = actor.user_id
-    agent.save(update_fields=[*changes, "last_updated_by", "updated_at"])
-    if "system" in changes or block_ids is not UNSET:
-        # What it lists changes now, as on Letta (the loop would compile the new prompt anyway).
-        store_thread_system_message(actor=actor, agent=agent)
-    if (
-        agent.enable_sleeptime
-        and agent.sleeptime_agent_id is None
-        and agent.agent_type != AgentType.SLEEPTIME
-    ):
-        _create_sleeptime_agent(actor=actor, primary=agent)
-    return agent
-
-
-def _validated_message_ids(*, actor: Actor, agent: Agent, message_ids: list[str]) -> list[str]:
-    found = set(
-        Message.objects.for_actor(actor).filter(agent=agent, id__in=message_ids).values_list("id", flat=True)
-    )
-    missing = [m for m in message_ids if m not in found]
-    if missing:
-        raise InvalidInput(f"Messages not found on agent '{agent.id}': {', '.join(missing)}")
-    return list(message_ids)
-
-
-def _replace_tools(*, actor: Actor, agent: Agent, tool_ids: list[str]) -> None:
-    AgentTool.objects.filter(agent=agent).exclude(tool_id__in=tool_ids).delete()
-    for tool_id in dict.fromkeys(tool_ids):
-        _link_tool(actor=actor, agent=agent, tool_id=tool_id)
-
-
-def _replace_blocks(*, actor: Actor, agent: Agent, block_ids: list[str]) -> None:
-    """Detach first, so a new block may take the label of one it replaces."""
-    AgentBlock.objects.filter(agent=agent).exclude(block_id__in=block_ids).delete()
-    for block_id in dict.fromkeys(block_ids):
-        _link_block(actor=actor, agent=agent, block_id=block_id)
-
-
-def _replace_secrets(*, actor: Actor, agent: Agent, secrets_: dict[str, str]) -> None:
-    AgentSecret.objects.for_actor(actor).filter(agent=agent).exclude(key__in=list(secrets_)).delete()
-    for key, value in secrets_.items():
-        AgentSecret.objects.for_actor(actor).update_or_create(agent=agent, key=key, defaults={"value": value})
-
-
-@transaction.atomic
-def agent_attach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
-    """Attach an existing tool (idempotent). Raises AgentNotFound, NotFound for the tool, PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    tool = tool_get(actor=actor, tool_id=tool_id)
-    AgentTool.objects.get_or_create(agent=agent, tool=tool)
-    return agent
-
-
-@transaction.atomic
-def agent_detach_tool(*, actor: Actor, agent_id: str, tool_id: str) -> Agent:
-    """Detach a tool; detaching one that is not attached is a no-op. Raises AgentNotFound, NotFound,
-    PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    tool = tool_get(actor=actor, tool_id=tool_id)
-    AgentTool.objects.filter(agent=agent, tool=tool).delete()
-    return agent
-
-
-@transaction.atomic
-def agent_attach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
-    """Attach an existing (possibly shared) block. Raises AgentNotFound, BlockNotFound, DuplicateBlockLabel,
-    PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    _link_block(actor=actor, agent=agent, block_id=block_id)
-    return agent
-
-
-@transaction.atomic
-def agent_detach_block(*, actor: Actor, agent_id: str, block_id: str) -> Agent:
-    """Detach a block; the block itself survives. Raises AgentNotFound, BlockNotFound (also when the block
-    exists but is not attached to this agent), PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    block = block_get(actor=actor, block_id=block_id)
-    if not memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id):
-        raise BlockNotFound(f"Block with id '{block_id}' is not attached to agent '{agent_id}'")
-    return agent
-
-
-def agent_passage_insert(
-    *, actor: Actor, agent_id: str, text: str, tags: list[str] | None = None
-) -> tuple[Archive, list[Passage]]:
-    """Add a passage to the agent's archival memory as the acting person (embedded with the archive's
-    model). Raises AgentNotFound, PermissionDenied, InvalidInput, EmbeddingModelMissing, LLM errors."""
-    agent = agent_get(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    archive = archival.agent_archive(
-        actor=actor, agent_id=agent.id, embedding_handle=agent.embedding, embedding_dim=agent.embedding_dim
-    )
-    passages = archival.passage_insert(
-        actor=actor,
-        archive=archive,
-        texts=[text],
-        tags=tags,
-        embedding_handle=archive.embedding or agent.embedding,
-        created_by_id=actor.user_id,
-    )
-    return archive, passages
-
-
-def agent_passage_delete(*, actor: Actor, agent_id: str, passage_id: str) -> None:
-    """Raises AgentNotFound, PermissionDenied, NotFound (a passage of none of the agent's archives)."""
-    agent = agent_get(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    archive_ids = [archive.id for archive in archival.agent_archives(actor=actor, agent_id=agent.id)]
-    archival.passage_delete(actor=actor, passage_id=passage_id, archive_ids=archive_ids)
-
-
-def agent_block_update_by_label(*, actor: Actor, agent_id: str, block_label: str, **fields: Any) -> Block:
-    """Edit the agent's block with this label as the acting user (recorded in the block's history).
-
-    Raises AgentNotFound, BlockNotFound, BlockTooLong, DuplicateBlockLabel.
-    """
-    block = agent_block_get_by_label(actor=actor, agent_id=agent_id, label=block_label)
-    return memory_services.block_update(actor=actor, block_id=block.id, **fields)
+# --- Steps ----------------------------------------------------------------------------------------------
 
 
 @transaction.atomic
@@ -1177,107 +1276,18 @@ def step_set_feedback(*, actor: Actor, step_id: str, feedback: Any = UNSET, tags
     return step
 
 
-# --- Writes behind the ADE's agent pages and configuration column -----------------------------------------
-
-SLEEPTIME_FREQUENCY_MAX = 1000
+# --- Conversations and threads: create, update, delete, fork, compact, recompile ------------------------
 
 
-def validate_model_available(*, actor: Actor, model: str) -> str:
-    """A chat handle some provider of the organisation can serve now (not only the right shape).
+def conversation_create(*, actor: Actor, agent_id: str, summary: str = "") -> Conversation:
+    """A new thread of the agent: its own messages, the agent's shared memory blocks."""
+    agent = agent_get(actor=actor, agent_id=agent_id)
+    conversation = Conversation.objects.for_actor(actor).create(
+        agent=agent, summary=summary, created_by_id=actor.user_id
+    )
+    store_thread_system_message(actor=actor, agent=agent, conversation_id=conversation.id)
+    return conversation
 
-    Raises InvalidInput for an empty or malformed handle, UnknownModelHandle (ProviderNotConfigured)
-    for one no configured provider serves.
-    """
-    handle = (model or "").strip()
-    if not handle:
-        raise InvalidInput("Choose a model: a handle such as 'openai/gpt-4o-mini'")
-    validate_handle(handle, kind="model")
-    resolve_model(handle, organization_id=actor.organization_id)
-    return handle
-
-
-@transaction.atomic
-def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency: int) -> Agent:
-    """Turn the agent's sleeptime memory agent on or off (as agent_update does) and set how many of the
-    primary's turns pass between its runs. Raises AgentNotFound, InvalidInput (frequency out of range)."""
-    if not 1 <= frequency <= SLEEPTIME_FREQUENCY_MAX:
-        raise InvalidInput(f"Sleeptime frequency must be between 1 and {SLEEPTIME_FREQUENCY_MAX} turns")
-    agent = agent_update(actor=actor, agent_id=agent_id, enable_sleeptime=enabled)
-    agent.sleeptime_agent_frequency = frequency
-    agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
-    return agent
-
-
-@transaction.atomic
-def agent_set_temperature(*, actor: Actor, agent_id: str, temperature: float) -> Agent:
-    """Set the sampling temperature, keeping the provider extras of model_settings (read under the agent's
-    lock, so a concurrent change of them is not undone). Raises AgentNotFound, PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    settings_ = {**agent.model_settings, "temperature": temperature}
-    return agent_update(actor=actor, agent_id=agent.id, model_settings=settings_)
-
-
-@transaction.atomic
-def agent_tool_rule_save(
-    *,
-    actor: Actor,
-    agent_id: str,
-    rule: dict[str, Any],
-    index: int | None = None,
-    expected: dict[str, Any] | None = None,
-) -> Agent:
-    """Append a tool rule (`index` None) or replace the one at `index`. With `expected`, the rule being
-    replaced must still be that one: compare-and-set under the agent's lock, so an edit made on a stale copy
-    never overwrites someone else's. Raises ToolRulesChanged, ToolRuleError (the rules module's readable
-    message, `tool_rules[i]` naming the rule), AgentNotFound, PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    rules = list(agent.tool_rules)
-    if index is not None and (index >= len(rules) or (expected is not None and rules[index] != expected)):
-        raise ToolRulesChanged("The agent's rules changed since this form opened: cancel and edit again.")
-    if index is None:
-        rules.append(rule)
-    else:
-        rules[index] = rule
-    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
-
-
-@transaction.atomic
-def agent_tool_rule_delete(*, actor: Actor, agent_id: str, index: int) -> Agent:
-    """Remove the tool rule at `index` (none there: nothing changes). Raises AgentNotFound, PermissionDenied."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    rules = list(agent.tool_rules)
-    if index >= len(rules):
-        return agent
-    del rules[index]
-    return agent_set_tool_rules(actor=actor, agent_id=agent.id, tool_rules=rules)
-
-
-# --- Archives attached to agents (issue 18: /v1/agents/{agent_id}/archives/...) ---------------------------
-
-
-@transaction.atomic
-def agent_attach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
-    """Attach an archive of the organisation to the agent (an archive may serve several agents): the
-    agent's archival searches then cover it. Attaching twice is a no-op. Raises AgentNotFound,
-    ArchiveNotFound, PermissionDenied (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    archival.archive_attach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
-    return agent
-
-
-@transaction.atomic
-def agent_detach_archive(*, actor: Actor, agent_id: str, archive_id: str) -> Agent:
-    """Detach an archive from the agent; the archive and its passages stay. Detaching one that is not
-    attached is a no-op (as in Letta). Raises AgentNotFound, ArchiveNotFound, PermissionDenied
-    (AGENT_CONFIGURE on the agent, ARCHIVE_WRITE on the archive)."""
-    agent = _lock_agent(actor=actor, agent_id=agent_id)
-    require_agent_permission(actor, agent)
-    archival.archive_detach_agent(actor=actor, archive_id=archive_id, agent_id=agent.id)
-    return agent
-
-
-# --- conversations: update, delete, fork, compact; recompile and generate (issue 18) ----------------------
 
 CONVERSATION_FIELDS_NOT_STORED = ("model", "model_settings", "last_message_at")
 """Fields of Letta's UpdateConversation this server keeps no column for: a value is refused rather than
@@ -1501,6 +1511,9 @@ def thread_recompile(
     return text
 
 
+# --- Outside a turn: generating a completion, running an attached tool ----------------------------------
+
+
 GENERATE_DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 STRUCTURED_OUTPUT_TOOL = "structured_output"
 
@@ -1583,9 +1596,6 @@ def agent_generate(
         prompt_tokens=response.prompt_tokens,
         completion_tokens=response.completion_tokens,
     )
-
-
-# --- Running an attached tool outside a turn (issue 18: POST /v1/agents/{agent_id}/tools/{tool_name}/run) ---
 
 
 def agent_tool_run(*, actor: Actor, agent_id: str, tool_name: str, args: dict[str, Any]) -> Any:
