@@ -49,6 +49,9 @@ from apps.tools.models import Tool
 logger = logging.getLogger(__name__)
 
 
+# --- Agents ---------------------------------------------------------------------------------------------
+
+
 def agent_queryset(*, actor: Actor) -> QuerySet[Agent]:
     """Agents with what AgentState needs, prefetched: a list costs a fixed number of queries."""
     return Agent.objects.for_actor(actor).prefetch_related(
@@ -75,8 +78,6 @@ def agent_list(
         qs = qs.filter(tags__contains=tags) if match_all_tags else qs.filter(tags__overlap=tags)
     return qs
 
-
-# --- Reads behind the /v1 agent, core-memory, tag and model endpoints -------------------------------------
 
 SECRET_LIST_FIELDS = ("id", "agent_id", "key", "description", "created_at", "updated_at")
 
@@ -135,6 +136,11 @@ def _require_agent(*, actor: Actor, agent_id: str) -> None:
         raise AgentNotFound(f"Agent with id '{agent_id}' not found")
 
 
+def agent_require(*, actor: Actor, agent_id: str) -> None:
+    """Raises AgentNotFound unless the agent exists in the actor's organisation (one cheap query)."""
+    _require_agent(actor=actor, agent_id=agent_id)
+
+
 def agent_tool_list(*, actor: Actor, agent_id: str) -> QuerySet[Tool]:
     """The agent's tools. Raises AgentNotFound."""
     _require_agent(actor=actor, agent_id=agent_id)
@@ -158,6 +164,23 @@ def agent_block_get_by_label(*, actor: Actor, agent_id: str, label: str) -> Bloc
     if block is None:
         raise BlockNotFound(f"Block with label '{label}' not found on agent '{agent_id}'")
     return block
+
+
+def agent_approval_tool_names(*, actor: Actor, agent_id: str) -> frozenset[str]:
+    """Names of the agent's tools whose calls wait for a human decision (requires_approval rules and
+    tools approved by default); client-side tools of a request come on top."""
+    agent = Agent.objects.for_actor(actor).filter(id=agent_id).values("tool_rules").first()
+    if agent is None:
+        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
+    by_rule = {
+        rule.get("tool_name")
+        for rule in agent["tool_rules"] or []
+        if isinstance(rule, dict) and rule.get("type") == "requires_approval"
+    }
+    by_default = Tool.objects.for_actor(actor).filter(
+        agent_attachments__agent_id=agent_id, default_requires_approval=True
+    )
+    return frozenset({name for name in by_rule if name} | set(by_default.values_list("name", flat=True)))
 
 
 def agent_tag_list(
@@ -199,17 +222,37 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def block_editor_names(*, actor: Actor, editor_ids: Iterable[str]) -> dict[str, str]:
+    """Display names of who changed memory blocks (BlockHistory.actor_id): users by username, agents by
+    name, keyed by id. Ids outside the actor's organisation are simply absent."""
+    ids = {editor_id for editor_id in editor_ids if editor_id}
+    if not ids:
+        return {}
+    users = User.objects.filter(id__in=ids, memberships__organization_id=actor.organization_id)
+    agents = Agent.objects.for_actor(actor).filter(id__in=ids)
+    return {
+        **dict(users.values_list("id", "username")),
+        **dict(agents.values_list("id", "name")),
+    }
+
+
+# --- Models an organisation's providers serve -----------------------------------------------------------
+
+
 # The model catalogue: which handles an organisation can use. It lives here rather than in apps.llm only
 # because of who owns which file today; it depends on nothing agent-specific and can move down unchanged.
 
+
 MODEL_LIST_TIMEOUT = 2.0
 """Seconds to wait for an OpenAI-compatible server's /models: a listing must never hang on a dead server."""
+
 
 KNOWN_OPENAI_CHAT_MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1", "gpt-4.1-mini", "gpt-4.1-nano", "o4-mini")
 KNOWN_OPENAI_EMBEDDING_MODELS = ("text-embedding-3-small", "text-embedding-3-large", "text-embedding-ada-002")
 KNOWN_ANTHROPIC_CHAT_MODELS = ("claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
 """What api.openai.com and Anthropic are assumed to serve: their model lists are never fetched (no outbound
 call for a listing; a handle outside these lists still works if the provider serves it)."""
+
 
 _ENDPOINT_TYPE = {"anthropic": "anthropic", "ollama": "ollama"}  # everything else speaks OpenAI's API
 
@@ -452,15 +495,11 @@ def _unresolved_embedding_info(handle: str) -> EmbeddingModelInfo:
     )
 
 
-# --- Reads behind the /v1 message, run, step and conversation endpoints ------------------------------------
+# --- Conversations and threads --------------------------------------------------------------------------
+
 
 ACTIVE_RUN_STATUSES = (Run.Status.CREATED, Run.Status.RUNNING)
 TERMINAL_RUN_STATUSES = (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
-
-
-def agent_require(*, actor: Actor, agent_id: str) -> None:
-    """Raises AgentNotFound unless the agent exists in the actor's organisation (one cheap query)."""
-    _require_agent(actor=actor, agent_id=agent_id)
 
 
 def conversation_get(*, actor: Actor, conversation_id: str, agent_id: str | None = None) -> Conversation:
@@ -483,6 +522,56 @@ def conversation_list(
     if summary_search:
         qs = qs.filter(summary__icontains=summary_search)
     return qs
+
+
+def conversation_message_list(
+    *, actor: Actor, conversation: Conversation, include_system: bool = False
+) -> QuerySet[Message]:
+    """The conversation's stored messages (recall, not only the context window), with those it shares
+    with the thread it was forked from while they are in its context (a fork shares the source's messages
+    instead of copying them, so they are stored under the source)."""
+    mine = Q(conversation_id=conversation.id)
+    if conversation.message_ids:
+        mine |= Q(id__in=conversation.message_ids)
+    qs = Message.objects.for_actor(actor).filter(mine, agent_id=conversation.agent_id)
+    return _visible_messages(qs, include_system=include_system)
+
+
+def thread_system_message(*, actor: Actor, agent_id: str, conversation_id: str | None = None) -> str:
+    """The system message the agent's next LLM call in this thread would start with, compiled now from its
+    current memory (the loop compiles it afresh for every call, so nothing stored can be stale). Raises
+    AgentNotFound, NotFound (a conversation of another agent), InvalidInput when the agent's model cannot
+    be used (the prompt depends on its provider)."""
+    from apps.agents.loop import state as loop_state  # above the selectors, as in agent_context_overview
+
+    _require_agent(actor=actor, agent_id=agent_id)
+    if conversation_id is not None:
+        conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent_id)
+    probe = Run(
+        organization_id=actor.organization_id,
+        agent_id=agent_id,
+        conversation_id=conversation_id,
+        request_config={},
+    )
+    try:
+        state = loop_state.load_state(probe, NullSink(), keep_messages=False)
+    except loop_state.StopRun as exc:
+        raise InvalidInput(exc.error or exc.reason) from exc
+    return loop_state.system_sections(state).render()
+
+
+def thread_run_list(
+    *, actor: Actor, agent_id: str, conversation_id: str | None, active: bool = False
+) -> QuerySet[Run]:
+    """The runs of one agent thread (a conversation, or the default thread when `conversation_id` is
+    None), newest first; `active`: only those not finished yet."""
+    qs = Run.objects.for_actor(actor).filter(agent_id=agent_id, conversation_id=conversation_id)
+    if active:
+        qs = qs.filter(status__in=ACTIVE_RUN_STATUSES)
+    return qs.order_by("-created_at")
+
+
+# --- Messages -------------------------------------------------------------------------------------------
 
 
 def _visible_messages(qs: QuerySet[Message], *, include_system: bool) -> QuerySet[Message]:
@@ -536,12 +625,6 @@ def run_message_list(*, actor: Actor, run_id: str, include_system: bool = False)
     return _visible_messages(qs, include_system=include_system)
 
 
-def run_last_logprobs(*, actor: Actor, run_id: str) -> dict[str, Any] | None:
-    """The log probabilities of the run's last LLM call that has them (Step.logprobs), or None."""
-    steps = Step.objects.for_actor(actor).filter(run_id=run_id, logprobs__isnull=False)
-    return steps.order_by("-created_at", "-id").values_list("logprobs", flat=True).first()
-
-
 def step_message_list(*, actor: Actor, step_id: str) -> QuerySet[Message]:
     """The messages one step produced. Raises NotFound."""
     step_get(actor=actor, step_id=step_id)
@@ -570,6 +653,9 @@ def message_page(
     if order == "asc":
         return list(qs.order_by("sequence_id")[:limit])
     return list(reversed(qs.order_by("-sequence_id")[:limit]))
+
+
+# --- Runs -----------------------------------------------------------------------------------------------
 
 
 def run_get(*, actor: Actor, run_id: str) -> Run:
@@ -607,6 +693,23 @@ def run_list(
     return qs
 
 
+def run_list_with_usage(*, actor: Actor, run_ids: Iterable[str]) -> dict[str, Run]:
+    """The actor's runs among `run_ids`, each annotated with its steps' token totals (`prompt_tokens`,
+    `completion_tokens`, `total_tokens`, `step_count`), in one query; another organisation's ids are
+    simply absent. For timelines that show a usage line under every turn."""
+    runs = (
+        Run.objects.for_actor(actor)
+        .filter(id__in=list(run_ids))
+        .annotate(
+            prompt_tokens=Sum("steps__prompt_tokens", default=0),
+            completion_tokens=Sum("steps__completion_tokens", default=0),
+            total_tokens=Sum("steps__total_tokens", default=0),
+            step_count=Count("steps"),
+        )
+    )
+    return {run.id: run for run in runs}
+
+
 def run_produced_messages(*, actor: Actor, run_id: str) -> QuerySet[Message]:
     """What a run's agent produced, in order: no user or system input, no approval decision (those
     carry no step). Replays of a run whose event stream is gone start from here."""
@@ -636,22 +739,6 @@ def run_usage_event(*, actor: Actor, run: Run) -> dict[str, Any]:
     return UsageStatistics(prompt, completion, steps, (run.id,)).event()
 
 
-def run_find_by_otids(*, actor: Actor, agent_id: str, otids: list[str]) -> Run | None:
-    """The run that already took a message with one of these client ids (otid) for this agent: a resent
-    request (an SDK retry after a timeout) is answered from it instead of running twice."""
-    wanted = [otid for otid in otids if otid]
-    if not wanted:
-        return None
-    message = (
-        Message.objects.for_actor(actor)
-        .filter(agent_id=agent_id, otid__in=wanted, run__isnull=False)
-        .select_related("run")
-        .order_by("sequence_id")
-        .first()
-    )
-    return message.run if message is not None else None
-
-
 def run_usage(*, actor: Actor, run_id: str) -> dict[str, int | None]:
     """Token totals over the run's steps. Raises NotFound."""
     run_get(actor=actor, run_id=run_id)
@@ -672,21 +759,55 @@ def run_usage(*, actor: Actor, run_id: str) -> dict[str, int | None]:
     return totals
 
 
-def agent_approval_tool_names(*, actor: Actor, agent_id: str) -> frozenset[str]:
-    """Names of the agent's tools whose calls wait for a human decision (requires_approval rules and
-    tools approved by default); client-side tools of a request come on top."""
-    agent = Agent.objects.for_actor(actor).filter(id=agent_id).values("tool_rules").first()
-    if agent is None:
-        raise AgentNotFound(f"Agent with id '{agent_id}' not found")
-    by_rule = {
-        rule.get("tool_name")
-        for rule in agent["tool_rules"] or []
-        if isinstance(rule, dict) and rule.get("type") == "requires_approval"
-    }
-    by_default = Tool.objects.for_actor(actor).filter(
-        agent_attachments__agent_id=agent_id, default_requires_approval=True
+def run_last_logprobs(*, actor: Actor, run_id: str) -> dict[str, Any] | None:
+    """The log probabilities of the run's last LLM call that has them (Step.logprobs), or None."""
+    steps = Step.objects.for_actor(actor).filter(run_id=run_id, logprobs__isnull=False)
+    return steps.order_by("-created_at", "-id").values_list("logprobs", flat=True).first()
+
+
+def run_find_by_otids(*, actor: Actor, agent_id: str, otids: list[str]) -> Run | None:
+    """The run that already took a message with one of these client ids (otid) for this agent: a resent
+    request (an SDK retry after a timeout) is answered from it instead of running twice."""
+    wanted = [otid for otid in otids if otid]
+    if not wanted:
+        return None
+    message = (
+        Message.objects.for_actor(actor)
+        .filter(agent_id=agent_id, otid__in=wanted, run__isnull=False)
+        .select_related("run")
+        .order_by("sequence_id")
+        .first()
     )
-    return frozenset({name for name in by_rule if name} | set(by_default.values_list("name", flat=True)))
+    return message.run if message is not None else None
+
+
+def run_awaiting_approval(*, actor: Actor, run: Run, messages: Sequence[Message]) -> Message | None:
+    """The approval request `run` stopped on, read from the run itself (`messages`: its own, oldest first):
+    its last message, while the run is its thread's newest. The run's stream ends in the browser before
+    its writes are all visible in the thread, and a turn fetched at that moment must still come with its
+    decision form."""
+    last = messages[-1] if messages else None
+    if run.stop_reason != StopReason.REQUIRES_APPROVAL or last is None:
+        return None
+    if last.role != Message.Role.APPROVAL or not last.tool_calls:
+        return None
+    newest = (
+        thread_run_list(actor=actor, agent_id=run.agent_id, conversation_id=run.conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return last if newest == run.id else None
+
+
+def run_visible_to_user(*, user: User, run_id: str) -> bool:
+    """Whether the run belongs to one of the user's organisations (for the WebSocket relay, which has a
+    user but no actor). Another organisation's run looks exactly like a missing one."""
+    org_ids = staff_organization_ids(user=user)
+    return Run.objects.unscoped().filter(id=run_id, organization_id__in=org_ids).exists()
+
+
+# --- Steps ----------------------------------------------------------------------------------------------
 
 
 def step_get(*, actor: Actor, step_id: str) -> Step:
@@ -729,7 +850,7 @@ def step_list(
     return qs
 
 
-# --- The context window as the next LLM request would fill it (the ADE's context-window viewer) -------
+# --- The context window as the next LLM request would fill it -------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -805,110 +926,3 @@ def agent_context_overview(
         message_count=len(state.in_context),
         tool_names=tuple(allowed),
     )
-
-
-def block_editor_names(*, actor: Actor, editor_ids: Iterable[str]) -> dict[str, str]:
-    """Display names of who changed memory blocks (BlockHistory.actor_id): users by username, agents by
-    name, keyed by id. Ids outside the actor's organisation are simply absent."""
-    ids = {editor_id for editor_id in editor_ids if editor_id}
-    if not ids:
-        return {}
-    users = User.objects.filter(id__in=ids, memberships__organization_id=actor.organization_id)
-    agents = Agent.objects.for_actor(actor).filter(id__in=ids)
-    return {
-        **dict(users.values_list("id", "username")),
-        **dict(agents.values_list("id", "name")),
-    }
-
-
-def run_list_with_usage(*, actor: Actor, run_ids: Iterable[str]) -> dict[str, Run]:
-    """The actor's runs among `run_ids`, each annotated with its steps' token totals (`prompt_tokens`,
-    `completion_tokens`, `total_tokens`, `step_count`), in one query; another organisation's ids are
-    simply absent. For timelines that show a usage line under every turn."""
-    runs = (
-        Run.objects.for_actor(actor)
-        .filter(id__in=list(run_ids))
-        .annotate(
-            prompt_tokens=Sum("steps__prompt_tokens", default=0),
-            completion_tokens=Sum("steps__completion_tokens", default=0),
-            total_tokens=Sum("steps__total_tokens", default=0),
-            step_count=Count("steps"),
-        )
-    )
-    return {run.id: run for run in runs}
-
-
-# --- conversations: forks' shared messages, the compiled system message (issue 18) -------------------------
-
-
-def conversation_message_list(
-    *, actor: Actor, conversation: Conversation, include_system: bool = False
-) -> QuerySet[Message]:
-    """The conversation's stored messages (recall, not only the context window), with those it shares
-    with the thread it was forked from while they are in its context (a fork shares the source's messages
-    instead of copying them, so they are stored under the source)."""
-    mine = Q(conversation_id=conversation.id)
-    if conversation.message_ids:
-        mine |= Q(id__in=conversation.message_ids)
-    qs = Message.objects.for_actor(actor).filter(mine, agent_id=conversation.agent_id)
-    return _visible_messages(qs, include_system=include_system)
-
-
-def thread_system_message(*, actor: Actor, agent_id: str, conversation_id: str | None = None) -> str:
-    """The system message the agent's next LLM call in this thread would start with, compiled now from its
-    current memory (the loop compiles it afresh for every call, so nothing stored can be stale). Raises
-    AgentNotFound, NotFound (a conversation of another agent), InvalidInput when the agent's model cannot
-    be used (the prompt depends on its provider)."""
-    from apps.agents.loop import state as loop_state  # above the selectors, as in agent_context_overview
-
-    _require_agent(actor=actor, agent_id=agent_id)
-    if conversation_id is not None:
-        conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent_id)
-    probe = Run(
-        organization_id=actor.organization_id,
-        agent_id=agent_id,
-        conversation_id=conversation_id,
-        request_config={},
-    )
-    try:
-        state = loop_state.load_state(probe, NullSink(), keep_messages=False)
-    except loop_state.StopRun as exc:
-        raise InvalidInput(exc.error or exc.reason) from exc
-    return loop_state.system_sections(state).render()
-
-
-def thread_run_list(
-    *, actor: Actor, agent_id: str, conversation_id: str | None, active: bool = False
-) -> QuerySet[Run]:
-    """The runs of one agent thread (a conversation, or the default thread when `conversation_id` is
-    None), newest first; `active`: only those not finished yet."""
-    qs = Run.objects.for_actor(actor).filter(agent_id=agent_id, conversation_id=conversation_id)
-    if active:
-        qs = qs.filter(status__in=ACTIVE_RUN_STATUSES)
-    return qs.order_by("-created_at")
-
-
-def run_awaiting_approval(*, actor: Actor, run: Run, messages: Sequence[Message]) -> Message | None:
-    """The approval request `run` stopped on, read from the run itself (`messages`: its own, oldest first):
-    its last message, while the run is its thread's newest. The run's stream ends in the browser before
-    its writes are all visible in the thread, and a turn fetched at that moment must still come with its
-    decision form."""
-    last = messages[-1] if messages else None
-    if run.stop_reason != StopReason.REQUIRES_APPROVAL or last is None:
-        return None
-    if last.role != Message.Role.APPROVAL or not last.tool_calls:
-        return None
-    newest = (
-        thread_run_list(actor=actor, agent_id=run.agent_id, conversation_id=run.conversation_id)
-        .order_by("-created_at", "-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    return last if newest == run.id else None
-
-
-def run_visible_to_user(*, user: User, run_id: str) -> bool:
-    """Whether the run belongs to one of the user's organisations (for the WebSocket relay, which has a
-    user but no actor). Another organisation's run looks exactly like a missing one."""
-    org_ids = staff_organization_ids(user=user)
-    return Run.objects.unscoped().filter(id=run_id, organization_id__in=org_ids).exists()
