@@ -30,7 +30,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Run
-from apps.agents.wire import to_letta_messages
+from apps.agents.wire import StopReasonEvent, to_letta_messages
 from apps.api.errors import log_internal_error
 from apps.api.throttles import StreamSlot
 from apps.core.actor import Actor
@@ -317,7 +317,7 @@ def _ending(*, actor: Actor, run_id: str, sent: set[str]) -> Iterator[bytes]:
     run = agent_selectors.run_get(actor=actor, run_id=run_id)
     finished = run.status in agent_selectors.TERMINAL_RUN_STATUSES
     if finished and "stop_reason" not in sent:
-        yield encode({"message_type": "stop_reason", "stop_reason": agent_selectors.run_stop_reason(run)})
+        yield encode(StopReasonEvent(agent_selectors.run_stop_reason(run)).event())
     if finished and "usage_statistics" not in sent:
         yield encode(agent_selectors.run_usage_event(actor=actor, run=run))
     if run.status == Run.Status.FAILED:

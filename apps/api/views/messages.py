@@ -40,7 +40,7 @@ from apps.agents import selectors as agent_selectors
 from apps.agents import services as agent_services
 from apps.agents.errors import PendingApproval
 from apps.agents.models import Message, Run
-from apps.agents.wire import UsageStatistics, to_letta_messages
+from apps.agents.wire import StopReasonEvent, UsageStatistics, to_letta_messages
 from apps.api import throttles
 from apps.api.base import OrgApiView
 from apps.api.errors import internal_error_response
@@ -204,8 +204,7 @@ def letta_response(
         messages = [*(form for m in given for form in to_letta_messages(m)), *messages]
     return {
         "messages": messages,
-        "stop_reason": collected.stop_reason
-        or {"message_type": "stop_reason", "stop_reason": run.stop_reason or "error"},
+        "stop_reason": collected.stop_reason or StopReasonEvent(run.stop_reason or "error").event(),
         "usage": {
             "cached_input_tokens": None,
             "cache_write_tokens": None,
