@@ -358,6 +358,10 @@ BLOCKING_WAIT_SECONDS = env.float("BLOCKING_WAIT_SECONDS", default=600.0)
 # (checked between steps, and no LLM call outlives it; stop reason error). apps/llm/retry.py, CallBounds.
 LLM_CALL_DEADLINE = env.float("LLM_CALL_DEADLINE", default=300.0)
 RUN_DEADLINE = env.float("RUN_DEADLINE", default=900.0)
+# The longest an agent's send_message_to_agent_and_wait_for_reply (and each agent of
+# send_message_to_agents_matching_tags) waits for the other agent's reply, within the sender's own
+# RUN_DEADLINE; then the request is cancelled and the tool answers an error (apps/agents/agent_messaging.py).
+AGENT_REPLY_TIMEOUT = env.float("AGENT_REPLY_TIMEOUT", default=60.0)
 # End of Run bounds --------------------------------------------------------------------------------
 
 # Sandbox ------------------------------------------------------------------------------------------

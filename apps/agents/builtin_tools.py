@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.agents import recall
+from apps.agents import agent_messaging, recall
 from apps.agents.models import Agent
 from apps.core.errors import DomainError
 from apps.memory import archival, edits
@@ -249,6 +249,30 @@ def _memory_finish_edits(args: dict[str, Any], ctx: ToolContext, agent: Agent) -
     return ToolResult.ok(None)
 
 
+def _send_message_to_agent_async(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    return agent_messaging.send_message_to_agent_async(
+        ctx=ctx, sender=agent, message=args["message"], other_agent_id=args["other_agent_id"]
+    )
+
+
+def _send_message_to_agent_and_wait_for_reply(
+    args: dict[str, Any], ctx: ToolContext, agent: Agent
+) -> ToolResult:
+    return agent_messaging.send_message_to_agent_and_wait_for_reply(
+        ctx=ctx, sender=agent, message=args["message"], other_agent_id=args["other_agent_id"]
+    )
+
+
+def _send_message_to_agents_matching_tags(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    return agent_messaging.send_message_to_agents_matching_tags(
+        ctx=ctx,
+        sender=agent,
+        message=args["message"],
+        match_all=args.get("match_all") or [],
+        match_some=args.get("match_some") or [],
+    )
+
+
 def _edit_block(
     ctx: ToolContext, agent: Agent, label: str, compute: Callable[[BlockView], str]
 ) -> tuple[Block, bool]:
@@ -331,6 +355,9 @@ _HANDLERS: dict[str, Handler] = {
     "memory_insert": _memory_insert,
     "memory_rethink": _memory_rethink,
     "memory_finish_edits": _memory_finish_edits,
+    "send_message_to_agent_async": _send_message_to_agent_async,
+    "send_message_to_agent_and_wait_for_reply": _send_message_to_agent_and_wait_for_reply,
+    "send_message_to_agents_matching_tags": _send_message_to_agents_matching_tags,
 }
 
 

@@ -195,37 +195,39 @@ def memory_apply_patch(agent_state: Any, label: str, patch: str) -> str:
 
 
 def send_message_to_agent_and_wait_for_reply(agent_state: Any, message: str, other_agent_id: str) -> str:
-    """Send a message to another agent and wait for its reply.
+    """Send a message to another agent of your organisation and wait (a limited time) for its reply.
 
     Args:
-        message (str): The message for the other agent.
+        message (str): The message for the other agent; it is told that it comes from you.
         other_agent_id (str): The id of the agent to send it to.
 
     Returns:
-        str: The other agent's reply.
+        str: The other agent's reply, as JSON: {"agent_id": ..., "response": [what it said]}.
     """
 
 
 def send_message_to_agents_matching_tags(
     agent_state: Any, message: str, match_all: list[str], match_some: list[str]
 ) -> list[str]:
-    """Send a message to every agent that has all the tags in match_all and at least one in match_some.
+    """Send a message to every other agent of your organisation that has all the tags in match_all and at
+    least one in match_some (an empty list puts no condition), and gather their replies.
 
     Args:
-        message (str): The message for the agents.
+        message (str): The message for the agents; they are told that it comes from you.
         match_all (list): Tags an agent must all have.
         match_some (list): Tags of which an agent must have at least one.
 
     Returns:
-        list: The agents' replies.
+        list: One entry per agent, as JSON: {"agent_id": ..., "response": [what it said]} or
+            {"agent_id": ..., "error": why it did not reply}.
     """
 
 
 def send_message_to_agent_async(agent_state: Any, message: str, other_agent_id: str) -> str:
-    """Send a message to another agent without waiting for its reply.
+    """Send a message to another agent of your organisation without waiting for its reply.
 
     Args:
-        message (str): The message for the other agent.
+        message (str): The message for the other agent; it is told that it comes from you.
         other_agent_id (str): The id of the agent to send it to.
 
     Returns:
@@ -455,6 +457,12 @@ BASE_TOOLS_BY_AGENT_TYPE: dict[str, tuple[str, ...]] = {
     "workflow_agent": (),
 }
 SLEEPTIME_PRIMARY_TOOLS = ("send_message", "conversation_search", "archival_memory_search")
+MULTI_AGENT_TOOLS = (
+    "send_message_to_agent_and_wait_for_reply",
+    "send_message_to_agents_matching_tags",
+    "send_message_to_agent_async",
+)
+"""What CreateAgent's `include_multi_agent_tools` attaches (Letta's MULTI_AGENT_TOOLS)."""
 
 
 def base_tool_names(agent_type: str, *, enable_sleeptime: bool = False) -> tuple[str, ...]:

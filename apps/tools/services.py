@@ -13,7 +13,11 @@ from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
 from apps.sandbox.images import BadRequirement, normalize_requirements
 from apps.sandbox.selection import run_in_sandbox
-from apps.tools.builtin import BUILTIN_TOOLS, builtin_definition
+from apps.tools.builtin import (  # noqa: F401 - MULTI_AGENT_TOOLS, for the adapters
+    BUILTIN_TOOLS,
+    MULTI_AGENT_TOOLS,
+    builtin_definition,
+)
 from apps.tools.execution import ToolStatus, cut_to_limit, output_lines, stringify
 from apps.tools.mcp import (  # noqa: F401 - MCP servers' writes, for the adapters
     SyncSummary,

@@ -52,6 +52,17 @@ HONOURED_ON_CREATE: dict[str, tuple[Any, Check | None]] = {
         lambda a: _messages(a) == [("user", "hello"), ("assistant", "hi there")],
     ),
     "include_base_tools": (True, lambda a: a.tools.exists()),
+    "include_multi_agent_tools": (
+        True,
+        lambda a: (
+            sorted(a.tools.values_list("name", flat=True))
+            == [
+                "send_message_to_agent_and_wait_for_reply",
+                "send_message_to_agent_async",
+                "send_message_to_agents_matching_tags",
+            ]
+        ),
+    ),
     "include_base_tool_rules": (True, lambda a: a.tool_rules != []),
     "description": ("about", lambda a: a.description == "about"),
     "metadata": ({"k": "v"}, lambda a: a.metadata == {"k": "v"}),
@@ -97,7 +108,6 @@ BODY_FOR = {  # what else a field needs to show its effect
     "include_base_tool_rules": {"include_base_tools": True},  # rules for the base tools
 }
 REFUSED_VALUES: dict[str, Any] = {
-    "include_multi_agent_tools": True,
     "from_template": "t",
     "template": True,
     "project": "p",

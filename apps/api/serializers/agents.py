@@ -20,17 +20,13 @@ from apps.agents.wire import with_thread_system_message
 from apps.api.serializers.common import BlockOut
 from apps.api.serializers.folders import FolderOut
 from apps.api.serializers.messages import _message_create
-from apps.api.serializers.strict import (
-    CLOUD_ONLY,
-    MULTI_AGENT_LATER,
-    REASONING_IN_SETTINGS,
-    refuse_unsupported,
-)
+from apps.api.serializers.strict import CLOUD_ONLY, REASONING_IN_SETTINGS, refuse_unsupported
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
 from apps.folders.selectors import files_of_agents
 from apps.identities.selectors import identity_ids_by_agent
 from apps.llm.selectors import DEFAULT_CONTEXT_WINDOW, endpoint_for_tenants
+from apps.tools.services import MULTI_AGENT_TOOLS
 
 AGENT_TYPES = [t.value for t in AgentType]
 
@@ -442,7 +438,6 @@ def _config_handle(config: dict[str, Any], *, kind: str) -> str:
 
 
 CREATE_UNSUPPORTED = {
-    "include_multi_agent_tools": MULTI_AGENT_LATER,
     "from_template": CLOUD_ONLY,
     "template": CLOUD_ONLY,
     "project": CLOUD_ONLY,
@@ -505,6 +500,7 @@ class AgentCreateIn(serializers.Serializer):
     tools = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
     tool_ids = serializers.ListField(child=serializers.CharField(), required=False, allow_null=True)
     include_base_tools = serializers.BooleanField(required=False, default=True)
+    include_multi_agent_tools = serializers.BooleanField(required=False, allow_null=True)
     include_base_tool_rules = serializers.BooleanField(required=False, allow_null=True)
     tool_rules = serializers.ListField(child=serializers.JSONField(), required=False, allow_null=True)
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, allow_null=True)
@@ -603,7 +599,10 @@ class AgentCreateIn(serializers.Serializer):
             "compaction_settings": data.get("compaction_settings"),
             "memory_blocks": blocks,
             "block_ids": data.get("block_ids") or [],
-            "tools": data.get("tools") or [],
+            "tools": [
+                *(data.get("tools") or []),
+                *(MULTI_AGENT_TOOLS if data.get("include_multi_agent_tools") else ()),
+            ],
             "tool_ids": data.get("tool_ids") or [],
             "include_base_tools": data["include_base_tools"],
             "include_base_tool_rules": data["include_base_tool_rules"],

@@ -8,7 +8,6 @@ from typing import Any
 
 from rest_framework import serializers
 
-MULTI_AGENT_LATER = "the multi-agent tools are not available on this server yet"
 CLOUD_ONLY = "a Letta Cloud feature (templates and projects) this server does not have"
 REASONING_IN_SETTINGS = "configure reasoning in model_settings (e.g. reasoning_effort) instead"
 
