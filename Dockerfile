@@ -1,4 +1,4 @@
-# The app image: web (daphne), Celery worker and beat all run from it (see docker-compose.yml), and the
+# The app image: web (daphne with a graceful drain, config/serve.py), Celery worker and beat all run from it (see docker-compose.yml), and the
 # sandbox runner.
 FROM python:3.11-slim
 
@@ -24,4 +24,4 @@ RUN DJANGO_SECRET_KEY=build DATABASE_URL=postgres://x@localhost/x REDIS_URL=redi
 USER app
 
 EXPOSE 8283
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8283", "config.asgi:application"]
+CMD ["python", "-m", "config.serve", "-b", "0.0.0.0", "-p", "8283", "config.asgi:application"]

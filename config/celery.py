@@ -1,7 +1,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -27,3 +27,12 @@ def _close_old_connections(**_: object) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_shutting_down.connect
+def _bound_the_shutdown(how: str = "", **_: object) -> None:
+    """SIGTERM (a warm shutdown): runs still going after WORKER_SHUTDOWN_TIMEOUT are handed back to the
+    queue and the worker exits (apps/agents/worker_shutdown.py), instead of waiting for them unbounded."""
+    from apps.agents.worker_shutdown import start_watchdog
+
+    start_watchdog(how)

@@ -269,8 +269,11 @@ def run_platform() -> int:
     # connection, hence its own advisory locks (apps/agents/locks.py).
     pool = os.environ.get("WORKER_POOL", "threads")
     commands = {
+        # daphne with a graceful drain on SIGTERM (config/serve.py); daphne's options work as usual.
         "web": [
-            str(BIN / "daphne"),
+            PYTHON,
+            "-m",
+            "config.serve",
             "-b",
             os.environ.get("HOST", "127.0.0.1"),
             "-p",
@@ -341,16 +344,60 @@ def run_platform() -> int:
                 print(f"{name} exited with {child.returncode}; restarting it in {delay:.0f} s", flush=True)
                 due[name] = now + delay
         time.sleep(0.5)
-    for child in children.values():
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for child in children.values():
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
+    stop_children(children, grace=shutdown_grace())
     return 0
+
+
+STOP_MARGIN = 10.0
+"""Seconds a child may take beyond its own shutdown timeout (a worker's exit, a last log line) before it is
+killed."""
+
+
+def shutdown_grace(environ: Mapping[str, str] | None = None) -> float:
+    """How long `run` waits for its children once told to stop: the longer of the web process's and the
+    worker's own shutdown timeouts (config/settings.py has the same defaults), plus STOP_MARGIN."""
+    environ = os.environ if environ is None else environ
+    web = float(environ.get("WEB_SHUTDOWN_TIMEOUT") or 10)
+    worker = float(environ.get("WORKER_SHUTDOWN_TIMEOUT") or 25)
+    return max(web, worker) + STOP_MARGIN
+
+
+def stop_children(children: Mapping[str, subprocess.Popen[bytes]], *, grace: float) -> None:
+    """SIGTERM to every child, then wait for them: the web process drains its requests and streams, the
+    worker finishes or hands back its runs (README, "Scaling out"). Past `grace`, or at a second Ctrl-C or
+    SIGTERM, those still running are killed."""
+    forced = False
+
+    def force(*_: object) -> None:
+        nonlocal forced
+        forced = True
+
+    signal.signal(signal.SIGINT, force)
+    signal.signal(signal.SIGTERM, force)
+    started = time.monotonic()
+    running = {name: child for name, child in children.items() if child.poll() is None}
+    print(
+        f"stopping {', '.join(running) or 'nothing'}: up to {grace:.0f} s for requests, streams and runs to "
+        "end (Ctrl-C again to kill them now)",
+        flush=True,
+    )
+    for child in running.values():
+        child.send_signal(signal.SIGTERM)
+    while running:
+        for name, child in list(running.items()):
+            if child.poll() is not None:
+                print(
+                    f"{name} stopped (exit {child.returncode}) in {time.monotonic() - started:.1f} s",
+                    flush=True,
+                )
+                del running[name]
+        if running and (forced or time.monotonic() - started >= grace):
+            for name, child in running.items():
+                child.kill()
+                child.wait()
+                print(f"{name} killed after {time.monotonic() - started:.1f} s", flush=True)
+            return
+        time.sleep(0.1)
 
 
 @dataclasses.dataclass

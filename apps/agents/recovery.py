@@ -4,7 +4,9 @@ A RUNNING run whose conversation lock is free has no live executor (apps.agents.
 failed with its stream closed, within one recovery period of the crash, and the agent accepts the next
 message. Its input messages stay (they were committed before it started); what its finished steps
 produced stays too. A CREATED run older than a grace period whose task is gone is enqueued again
-(execution is idempotent).
+(execution is idempotent). A worker that is stopped (SIGTERM) hands its runs still going after
+WORKER_SHUTDOWN_TIMEOUT back instead (`hand_back_runs`, apps.agents.worker_shutdown): they are resumed
+elsewhere from their last stored step rather than failed.
 
 "Whose task is gone": every task of a run is sent by `enqueue_run`, which sets the run's task marker in
 Redis; a task that defers (an earlier run of its conversation is unfinished) sets it again each time, so
@@ -64,6 +66,34 @@ def fail_orphaned_runs(*, agent_id: str | None = None, exclude_run_id: str | Non
             logger.warning("agents.run_orphaned", extra={"run_id": run.id})
             failed.append(run.id)
     return failed
+
+
+def hand_back_runs(run_ids: list[str]) -> list[str]:
+    """Put the `running` runs among `run_ids` back to `created` and send their task again, for another
+    worker to resume from their last stored step; returns the ids handed back.
+
+    Only for the process executing them, while it still holds their conversations' locks, right before it
+    exits (apps.agents.worker_shutdown): the lock keeps every other executor out until then, so the
+    conversation's next run cannot go first, and the run is never `running` without a live executor.
+    Once `created`, the run's lease no longer admits the old executor's writes (agents 0012): it stores
+    nothing more, and the run's next claim gives it a new lease."""
+    handed = []
+    rows = (
+        Run.objects.unscoped()
+        .filter(id__in=run_ids, status=Run.Status.RUNNING)
+        .values_list("id", "agent_id", "conversation_id")
+    )
+    for run_id, agent_id, conversation_id in rows:
+        updated = (
+            Run.objects.unscoped()
+            .filter(id=run_id, status=Run.Status.RUNNING)
+            .update(status=Run.Status.CREATED)
+        )
+        if updated:
+            enqueue_run(run_id, agent_id, conversation_id)
+            logger.warning("agents.run_handed_back", extra={"run_id": run_id})
+            handed.append(run_id)
+    return handed
 
 
 def stale_created_runs() -> list[str]:

@@ -18,6 +18,7 @@ from apps.api.views import (
     cloud_only,
     conversations,
     folders,
+    health,
     identities,
     mcp,
     message_search,
@@ -35,6 +36,7 @@ urlpatterns = [
     *tools.urlpatterns,
     *mcp.urlpatterns,
     *archival.urlpatterns,
+    *health.urlpatterns,
     *blocks.urlpatterns,
     *folders.urlpatterns,  # before agents: /v1/agents/{agent_id}/folders|sources|files...
     *agents.urlpatterns,

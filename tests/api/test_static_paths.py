@@ -1,14 +1,11 @@
 """Static /v1 paths that an id route used to take (counts, active runs, add-base-tools, generate-schema,
 the MCP resync), the routes added beside them (a block's agents, running an agent's tool, a run's trace),
-JSON answers for unknown paths, wrong methods and Letta Cloud's features, and /v1/health and /v1/ready."""
+JSON answers for unknown paths, wrong methods and Letta Cloud's features (/v1/health and /v1/ready:
+tests/api/test_ready.py)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-from django.db import connection
-from django.db.utils import OperationalError
 from rest_framework.test import APIClient
 
 from apps.agents.models import Run
@@ -393,50 +390,6 @@ def test_letta_cloud_features_are_a_json_501_never_retried(db, method, path, fea
     assert response.status_code == 501
     assert response["x-should-retry"] == "false"
     assert response.json()["detail"].startswith(f"{feature} are Letta Cloud only")
-
-
-# --- health and readiness -------------------------------------------------------------------------------
-
-
-def test_health_reports_the_letta_api_version_and_ours(db):
-    response = APIClient().get("/v1/health/")
-
-    assert response.status_code == 200
-    assert response.json() == {"status": "ok", "version": "0.16.7", "server_version": "0.1.0"}
-
-
-def test_ready_is_200_when_postgres_and_redis_answer(db):
-    response = APIClient().get("/v1/ready/")
-
-    assert response.status_code == 200
-    assert response.json()["checks"] == {"postgres": "ok", "redis": "ok"}
-    assert (response.json()["status"], response.json()["version"]) == ("ok", "0.16.7")
-
-
-def test_ready_is_503_naming_redis_when_it_does_not_answer(db, settings):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        settings.REDIS_URL = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"  # nothing listens there
-
-        response = APIClient().get("/v1/ready")
-
-    assert response.status_code == 503
-    assert response.json()["checks"] == {"postgres": "ok", "redis": "unavailable"}
-    assert response.json()["detail"] == "Not ready: Redis did not answer"
-
-
-def test_ready_is_503_naming_postgres_when_it_does_not_answer(db, monkeypatch):
-    def refuse() -> None:
-        raise OperationalError("connection refused")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(connection, "ensure_connection", refuse)
-
-        response = APIClient().get("/v1/ready")
-
-    assert response.status_code == 503
-    assert response.json()["checks"] == {"postgres": "unavailable", "redis": "ok"}
-    assert response.json()["detail"] == "Not ready: PostgreSQL did not answer"
 
 
 def test_every_base_tool_name_is_registered():

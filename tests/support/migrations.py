@@ -13,10 +13,10 @@ from django.db.migrations.executor import MigrationExecutor
 
 @contextmanager
 def migrated_from(
-    before: list[tuple[str, str]],
+    before: list[tuple[str, str | None]],
 ) -> Iterator[tuple[Apps, Callable[..., None]]]:
     """Yields (the models as of `before`, a function that migrates forward to a target, or to the latest
-    migrations when given none)."""
+    migrations when given none). `(app, None)` in `before`: the app not migrated at all."""
     executor = MigrationExecutor(connection)
     latest = executor.loader.graph.leaf_nodes()
     executor.migrate(before)
@@ -27,6 +27,7 @@ def migrated_from(
         step.migrate(latest if target is None else target)
 
     try:
-        yield executor.loader.project_state(before).apps, forward
+        nodes = [(app, name) for app, name in before if name is not None]
+        yield executor.loader.project_state(nodes).apps, forward
     finally:
         MigrationExecutor(connection).migrate(latest)

@@ -19,7 +19,8 @@ class HealthOut(serializers.Serializer):
 
 
 class ReadyOut(HealthOut):
-    """Health, plus each dependency's state ("ok" or "unavailable") and, when one is down, a detail."""
+    """Health, plus each check's state (`server`: ok | shutting_down; `postgres`, `redis`: ok | unavailable;
+    `migrations`: ok | pending | unknown) and, when one is not ok, a detail in words."""
 
     checks = serializers.DictField(child=serializers.CharField())
     detail = serializers.CharField(required=False)

@@ -1,22 +1,13 @@
-"""/v1/health, /v1/ready and /v1/blocks: thin adapters over services and selectors."""
+"""/v1/blocks: thin adapters over services and selectors."""
 
 from __future__ import annotations
 
-import logging
-
-import redis
-from django.conf import settings
-from django.db import connection
 from django.db.models import QuerySet
-from django.db.utils import Error as DatabaseError
 from django.urls import re_path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
-from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from apps.agents import selectors as agent_selectors
 from apps.api.base import OrgApiView
@@ -29,81 +20,6 @@ from apps.identities import selectors as identity_selectors
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
 from apps.memory.models import Block
-
-logger = logging.getLogger(__name__)
-
-LETTA_API_VERSION = "0.16.7"
-"""The Letta server version whose /v1 API this one reproduces: /v1/health answers it as `version`, which
-clients compare to decide what the server supports."""
-VERSION = "0.1.0"
-"""This server's own version (`server_version` in /v1/health)."""
-READY_CHECK_TIMEOUT_S = 2.0
-
-
-def _health(state: str) -> dict[str, str]:
-    return {"status": state, "version": LETTA_API_VERSION, "server_version": VERSION}
-
-
-class HealthApi(APIView):
-    """Liveness, as Letta's: 200 while the process answers (dependencies are /v1/ready's business)."""
-
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(operation_id="check_health", responses=block_s.HealthOut)
-    def get(self, request: Request) -> Response:
-        return Response(_health("ok"))
-
-
-def _postgres_answers() -> bool:
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except DatabaseError:
-        logger.warning("api.ready.postgres_unavailable", exc_info=True)
-        return False
-    return True
-
-
-def _redis_answers() -> bool:
-    """A fresh client with short timeouts: the process's shared one would wait for a hung server."""
-    client = redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=READY_CHECK_TIMEOUT_S, socket_connect_timeout=READY_CHECK_TIMEOUT_S
-    )
-    try:
-        client.ping()
-    except redis.RedisError:
-        logger.warning("api.ready.redis_unavailable", exc_info=True)
-        return False
-    finally:
-        client.close()
-    return True
-
-
-class ReadyApi(APIView):
-    """Readiness: 200 when PostgreSQL and Redis both answer, else 503 naming which did not (no error text:
-    the path needs no key, and errors may name internal hosts)."""
-
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(operation_id="check_readiness", responses={200: block_s.ReadyOut, 503: block_s.ReadyOut})
-    def get(self, request: Request) -> Response:
-        checks = {
-            "postgres": "ok" if _postgres_answers() else "unavailable",
-            "redis": "ok" if _redis_answers() else "unavailable",
-        }
-        down = [name for name, state in checks.items() if state != "ok"]
-        if not down:
-            return Response({**_health("ok"), "checks": checks})
-        names = {"postgres": "PostgreSQL", "redis": "Redis"}
-        body = {
-            **_health("unavailable"),
-            "checks": checks,
-            "detail": f"Not ready: {' and '.join(names[name] for name in down)} did not answer",
-        }
-        return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE)
-
 
 REPEATED_BLOCK_FILTERS = [
     OpenApiParameter("tags", str, many=True),
@@ -186,8 +102,6 @@ class BlockDetailApi(OrgApiView):
 
 
 urlpatterns = [
-    re_path(r"^v1/health/?$", HealthApi.as_view(), name="health"),
-    re_path(r"^v1/ready/?$", ReadyApi.as_view(), name="ready"),
     re_path(r"^v1/blocks/?$", BlockListCreateApi.as_view(), name="blocks"),
     re_path(r"^v1/blocks/count/?$", BlockCountApi.as_view(), name="blocks-count"),  # before {block_id}
     re_path(r"^v1/blocks/(?P<block_id>[^/]+)/?$", BlockDetailApi.as_view(), name="block-detail"),
