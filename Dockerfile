@@ -1,5 +1,5 @@
-# The app image: web (daphne with a graceful drain, config/serve.py), Celery worker and beat all run from it (see docker-compose.yml), and the
-# sandbox runner.
+# The app image: web (daphne with a graceful drain, config/serve.py), Celery worker and beat all run
+# from it (see docker-compose.yml), and the sandbox runner.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
