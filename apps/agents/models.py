@@ -17,6 +17,8 @@ from apps.core.ids import (
     new_agent_env_id,
     new_agent_id,
     new_conversation_id,
+    new_group_id,
+    new_group_turn_id,
     new_message_id,
     new_run_id,
     new_step_id,
@@ -413,3 +415,122 @@ class Message(OrgOwnedModel):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:60]}"
+
+
+class ManagerType(models.TextChoices):
+    """Letta's group patterns (schemas/group.py). voice_sleeptime and swarm are stored names only: a group
+    of either cannot be created here."""
+
+    ROUND_ROBIN = "round_robin"
+    SUPERVISOR = "supervisor"
+    DYNAMIC = "dynamic"
+    SLEEPTIME = "sleeptime"
+    VOICE_SLEEPTIME = "voice_sleeptime"
+    SWARM = "swarm"
+
+
+class Group(OrgOwnedModel):
+    """A multi-agent group (Letta's Group): its participants in speaking order (GroupMember) and its manager.
+
+    A sleeptime group (manager_type sleeptime) is the record of a primary agent's sleeptime pairing: its
+    manager is the primary, its one participant the sleeptime agent (apps.agents.groups)."""
+
+    id = models.CharField(primary_key=True, max_length=ID_MAX_LENGTH, default=new_group_id, editable=False)
+    manager_type = models.CharField(
+        max_length=32, choices=ManagerType.choices, default=ManagerType.ROUND_ROBIN
+    )
+    description = models.TextField(blank=True, default="")
+    manager_agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="managed_groups"
+    )
+    termination_token = models.CharField(max_length=200, blank=True, default="")
+    max_turns = models.PositiveIntegerField(null=True, blank=True)
+    sleeptime_agent_frequency = models.PositiveIntegerField(null=True, blank=True)
+    turns_counter = models.IntegerField(null=True, blank=True)
+    last_processed_message_id = models.CharField(max_length=ID_MAX_LENGTH, blank=True, default="")
+    max_message_buffer_length = models.PositiveIntegerField(null=True, blank=True)
+    min_message_buffer_length = models.PositiveIntegerField(null=True, blank=True)
+    shared_block_ids = ArrayField(models.CharField(max_length=ID_MAX_LENGTH), default=list, blank=True)
+    project_id = models.CharField(max_length=200, blank=True, default="")
+    hidden = models.BooleanField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["organization", "manager_type"], name="group_org_type_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.manager_type} group ({self.id})"
+
+
+class GroupMember(models.Model):
+    """A participant of a group, at its place in the speaking order. `unseen`: what others said in the
+    group after this agent last spoke ([{"agent_id", "name", "text"}]), given to it when it speaks next."""
+
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="members")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="group_memberships")
+    position = models.PositiveIntegerField()
+    unseen = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "agent"], name="group_member_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} in {self.group_id}"
+
+
+class GroupTurn(OrgOwnedModel):
+    """One message sent to a group and everything its agents said in answer: the parent of the runs of
+    the agents who spoke (GroupTurnRun), cancellable as a whole. Driven by apps.agents.group_turns."""
+
+    id = models.CharField(
+        primary_key=True, max_length=ID_MAX_LENGTH, default=new_group_turn_id, editable=False
+    )
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="turns")
+    status = models.CharField(max_length=16, choices=Run.Status.choices, default=Run.Status.CREATED)
+    stop_reason = models.CharField(max_length=64, choices=StopReason.choices, blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+    input = models.JSONField(default=list, blank=True, help_text="The sent messages: [{role, content, ...}].")
+    transcript = models.JSONField(
+        default=list, blank=True, help_text="What was said in this turn: [{agent_id, name, text}]."
+    )
+    state = models.JSONField(default=dict, blank=True, help_text="The orchestration's progress.")
+    max_steps = models.PositiveIntegerField(null=True, blank=True)
+    background = models.BooleanField(default=False)
+    current_run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        "accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["group", "status"], name="group_turn_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+
+class GroupTurnRun(models.Model):
+    """A run of one agent in a group turn, in speaking order. `kind`: speaker (says something in the group),
+    manager (a dynamic group's choice of the next speaker) or supervisor. `carries_input`: its input holds
+    the message the group was sent (shown once in the group's timeline)."""
+
+    turn = models.ForeignKey(GroupTurn, on_delete=models.CASCADE, related_name="run_links")
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="group_link")
+    position = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, default="speaker")
+    carries_input = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [models.UniqueConstraint(fields=["turn", "position"], name="group_turn_run_position")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} in {self.turn_id}"

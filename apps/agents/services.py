@@ -33,6 +33,7 @@ from apps.agents.errors import (
     PendingApproval,
     ToolRulesChanged,
 )
+from apps.agents.groups import sleeptime_group_sync
 from apps.agents.loop.convert import text_of, to_letta_messages
 from apps.agents.loop.events import EventSink, StopReasonEvent
 from apps.agents.loop.messages import summary_from_message_text
@@ -289,6 +290,7 @@ def _create_sleeptime_agent(*, actor: Actor, primary: Agent) -> Agent:
     )
     primary.sleeptime_agent = sleeptime
     primary.save(update_fields=["sleeptime_agent", "updated_at"])
+    sleeptime_group_sync(primary=primary)
     return sleeptime
 
 
@@ -595,6 +597,8 @@ def agent_update(
         and agent.agent_type != AgentType.SLEEPTIME
     ):
         _create_sleeptime_agent(actor=actor, primary=agent)
+    elif "enable_sleeptime" in changes:
+        sleeptime_group_sync(primary=agent)
     return agent
 
 
@@ -683,6 +687,7 @@ def agent_set_sleeptime(*, actor: Actor, agent_id: str, enabled: bool, frequency
     agent = agent_update(actor=actor, agent_id=agent_id, enable_sleeptime=enabled)
     agent.sleeptime_agent_frequency = frequency
     agent.save(update_fields=["sleeptime_agent_frequency", "updated_at"])
+    sleeptime_group_sync(primary=agent)
     return agent
 
 

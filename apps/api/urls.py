@@ -18,6 +18,7 @@ from apps.api.views import (
     cloud_only,
     conversations,
     folders,
+    groups,
     health,
     identities,
     mcp,
@@ -33,6 +34,7 @@ from apps.api.views import (
 
 urlpatterns = [
     *agent_file.urlpatterns,  # first: /v1/agents/import before any /v1/agents/{agent_id}
+    *groups.urlpatterns,  # /v1/groups and /v1/agents/{agent_id}/groups
     *tools.urlpatterns,
     *mcp.urlpatterns,
     *archival.urlpatterns,

@@ -92,3 +92,11 @@ def new_step_id() -> str:
 
 def new_identity_id() -> str:
     return new_id("identity")
+
+
+def new_group_id() -> str:
+    return new_id("group")
+
+
+def new_group_turn_id() -> str:
+    return new_id("group-turn")

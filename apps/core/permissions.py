@@ -36,6 +36,9 @@ class Action(StrEnum):
     AGENT_FILE_IMPORT_AS_IS = "agent.import_as_is"
     AGENT_RESET_MESSAGES = "agent.reset_messages"
     APPROVAL_RESPOND = "agent.approval.respond"
+    # Groups of agents (Letta's multi-agent groups); sending to one is using its agents (AGENT_USE).
+    GROUP_CREATE = "group.create"
+    GROUP_WRITE = "group.write"
     # Conversations: their creator's, the agent's creator's, an owner's or an admin's.
     CONVERSATION_WRITE = "conversation.write"
     # Archives and folders (memory and documents agents can share), identities (an app's end users).
@@ -90,6 +93,8 @@ MATRIX: dict[Action, Rule] = {
     ),
     Action.AGENT_RESET_MESSAGES: Rule(Who.CREATOR_OR_ADMIN, "reset an agent's messages"),
     Action.APPROVAL_RESPOND: Rule(Who.CREATOR_OR_ADMIN, "approve or deny a tool call the agent asked to run"),
+    Action.GROUP_CREATE: Rule(Who.EVERYONE, "create a group of agents, send messages to a group"),
+    Action.GROUP_WRITE: Rule(Who.CREATOR_OR_ADMIN, "modify or delete a group, reset its messages"),
     Action.CONVERSATION_WRITE: Rule(
         Who.CREATOR_OR_ADMIN,
         "rename, delete, fork or compact a conversation (its creator or the agent's creator)",

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from apps.agents.models import Agent, AgentSecret, AgentTool, Message
+from apps.agents.groups import group_create
+from apps.agents.models import Agent, AgentSecret, AgentTool, Group, GroupTurn, Message
 from apps.agents.services import agent_create, agent_update
 from apps.core.actor import Actor, Role
 from apps.core.permissions import MATRIX, Action, Who, allows
@@ -130,11 +131,54 @@ def _with_mcp_server(world: World) -> None:
     )
 
 
+def _with_group(world: World) -> None:
+    world.extra["group"] = group_create(actor=world.creator, agent_ids=[world.agent.id], description="mine")
+
+
+def _with_group_turn(world: World) -> None:
+    _with_group(world)
+    GroupTurn.objects.unscoped().create(
+        organization_id=world.agent.organization_id, group=world.extra["group"], status="completed"
+    )
+
+
+def _group(world: World) -> Group | None:
+    return Group.objects.unscoped().filter(id=world.extra["group"].id).first()
+
+
 def _rules(world: World) -> list[dict[str, Any]]:
     return _agent(world).tool_rules
 
 
 CASES = [
+    Case(
+        "create a group",
+        Action.GROUP_CREATE,
+        lambda c, w: c.post("/v1/groups/", {"agent_ids": [w.agent.id], "description": "new"}, format="json"),
+        lambda w: Group.objects.unscoped().filter(description="new").exists(),
+        by_creator=False,
+    ),
+    Case(
+        "modify a group",
+        Action.GROUP_WRITE,
+        lambda c, w: c.patch(f"/v1/groups/{w.extra['group'].id}", {"description": "changed"}, format="json"),
+        lambda w: getattr(_group(w), "description", None) == "changed",
+        prepare=_with_group,
+    ),
+    Case(
+        "delete a group",
+        Action.GROUP_WRITE,
+        lambda c, w: c.delete(f"/v1/groups/{w.extra['group'].id}"),
+        lambda w: _group(w) is None,
+        prepare=_with_group,
+    ),
+    Case(
+        "reset a group's messages",
+        Action.GROUP_WRITE,
+        lambda c, w: c.patch(f"/v1/groups/{w.extra['group'].id}/reset-messages"),
+        lambda w: not GroupTurn.objects.unscoped().filter(group_id=w.extra["group"].id).exists(),
+        prepare=_with_group_turn,
+    ),
     Case(
         "delete agent",
         Action.AGENT_DELETE,
