@@ -1,6 +1,6 @@
 """The ADE's pages. Each area's module owns its patterns (views/<area>.py)."""
 
-from apps.ade.views import account, agents, auth, folders, invitations, runs, tools, workspace
+from apps.ade.views import account, agents, auth, folders, groups, invitations, runs, tools, workspace
 
 app_name = "ade"
 
@@ -13,4 +13,5 @@ urlpatterns = [
     *tools.urlpatterns,
     *folders.urlpatterns,
     *runs.urlpatterns,
+    *groups.urlpatterns,
 ]
