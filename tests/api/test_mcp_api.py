@@ -33,6 +33,10 @@ def _stdio_allowed(settings):
     """The operator allows the test server's interpreter and binds what it needs into the jail."""
     settings.MCP_STDIO_COMMANDS = [PYTHON]
     settings.MCP_STDIO_READ_PATHS = list(LAUNCH.read_paths)
+    # These tests register a quick server inline (it starts in about 1 s); the default 2 s wait before a
+    # worker takes over was too short on a loaded 2-core machine, and no worker runs here to take over.
+    # Deferral itself is tested in test_mcp_registration.py.
+    settings.MCP_REGISTER_INLINE_SECONDS = 15.0
 
 
 @pytest.fixture(autouse=True)
