@@ -14,7 +14,8 @@ Endpoints
     ``POST /_reset``               clear the script and the request log (``{"config": true}`` also resets config)
     ``POST /_config``              set ``strict``, ``default_turn``, ``models``, ``embedding_dimensions``,
                                    ``default_embedding_dimension``
-    ``GET  /_requests``            the log of ``/v1`` requests (Authorization values redacted)
+    ``GET  /_requests``            the log of ``/v1`` requests (Authorization values redacted, with the
+                                   caller's address as ``client``)
     ``GET  /_health``              liveness
 
 Turn format (plain JSON, so it travels over HTTP; build them with :func:`text`, :func:`tool_calls`, ...)::
@@ -366,6 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
             "headers": headers,
             "body": body,
             "time": time.time(),
+            "client": self.client_address[0],  # which host called (the cluster tests tell workers apart)
         }
         if body is None and raw:
             entry["raw_body"] = raw
