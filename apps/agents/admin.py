@@ -15,7 +15,19 @@ from apps.accounts.admin_base import (
     admin_roles,
     secret_form,
 )
-from apps.agents.models import Agent, AgentSecret, AgentTool, Conversation, Message, Run, Step
+from apps.agents.models import (
+    Agent,
+    AgentSecret,
+    AgentTool,
+    Conversation,
+    Group,
+    GroupMember,
+    GroupTurn,
+    GroupTurnRun,
+    Message,
+    Run,
+    Step,
+)
 from apps.core.errors import PermissionDenied
 from apps.core.permissions import Action
 from apps.memory.models import AgentBlock
@@ -174,3 +186,64 @@ class StepAdmin(OrgScopedAdmin):
     search_fields = ["id", "agent__name", "run__id"]
     raw_id_fields = ["agent", "run"]
     list_select_related = ["agent"]
+
+
+class _ShownInline(admin.TabularInline):
+    """Rows the group services keep consistent (speaking order, a turn's runs): shown, never edited here."""
+
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class GroupMemberInline(_ShownInline):
+    model = GroupMember
+    fields = readonly_fields = ("position", "agent")
+    ordering = ["position"]
+
+
+class GroupTurnRunInline(_ShownInline):
+    model = GroupTurnRun
+    fields = readonly_fields = ("position", "kind", "run", "carries_input")
+    ordering = ["position"]
+
+
+@admin.register(Group)
+class GroupAdmin(OrgScopedAdmin):
+    """Groups of agents (apps.agents.groups): members are changed through the API, which keeps the speaking
+    order and the manager consistent; here the group is seen, described or deleted."""
+
+    add_action = Action.GROUP_CREATE
+    change_action = Action.GROUP_WRITE
+    list_display = ["id", "manager_type", "description", "created_at"]
+    list_filter = ["manager_type"]
+    search_fields = ["id", "description"]
+    fields = ["manager_type", "description", "manager_agent", "termination_token", "max_turns", "hidden"]
+    readonly_fields = ["manager_type", "manager_agent", "termination_token", "max_turns"]
+    inlines = [GroupMemberInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a group is made through /v1/groups, which checks its agents and configuration
+
+
+@admin.register(GroupTurn)
+class GroupTurnAdmin(OrgScopedAdmin):
+    """One message to a group and its speakers' runs: a record, shown and never edited."""
+
+    view_action = Action.GROUP_CREATE
+    list_display = ["id", "group", "status", "stop_reason", "created_at", "completed_at"]
+    list_filter = ["status", "stop_reason"]
+    search_fields = ["id", "group__id"]
+    raw_id_fields = ["group", "current_run"]
+    inlines = [GroupTurnRunInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -7,7 +7,17 @@ from django.urls import reverse
 
 from apps.accounts.models import Invitation, Membership
 from apps.accounts.services import api_key_create
-from apps.agents.models import AgentSecret, AgentTool, Conversation, Run, Step
+from apps.agents.models import (
+    AgentSecret,
+    AgentTool,
+    Conversation,
+    Group,
+    GroupMember,
+    GroupTurn,
+    GroupTurnRun,
+    Run,
+    Step,
+)
 from apps.core.actor import Role
 from apps.identities.services import identity_create
 from apps.memory import services as memory_services
@@ -90,6 +100,10 @@ def populated(actor, org, user):
         organization=org, agent=agent, file=file, folder=folder, file_name="handbook/notes.txt", is_open=True
     )
     AgentFileSettings.all_objects.create(organization=org, agent=agent, max_files_open=3)
+    group = Group.all_objects.create(organization=org, manager_type="round_robin", description="team")
+    GroupMember.objects.create(group=group, agent=agent, position=0)
+    turn = GroupTurn.all_objects.create(organization=org, group=group, current_run=run)
+    GroupTurnRun.objects.create(turn=turn, run=run, position=0)
     return agent
 
 
@@ -121,6 +135,7 @@ def test_the_admin_covers_every_model_of_the_platform():
 
     inlines_only = {AgentBlock, AgentTool}  # edited as inlines of the agent
     inlines_only |= {ArchiveStats, ArchiveTag}  # shown (read-only) as inlines of the archive
+    inlines_only |= {GroupMember, GroupTurnRun}  # shown (read-only) as inlines of the group and its turns
 
     ours = {m for m in apps.get_models() if m.__module__.startswith("apps.")} - inlines_only
 
