@@ -15,7 +15,7 @@ from apps.llm.selectors import llm_configured
 from tests.factories import MembershipFactory
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
-SECRET = "sk-proj-very-secret-0123456789abcdef"
+SECRET = "sk-proj-very-secret-0123456789-QXZW"  # a tail no hex id on a page can contain
 
 
 @pytest.fixture
