@@ -298,6 +298,17 @@ AGENT_FILE_MAX_BYTES = env.int("AGENT_FILE_MAX_BYTES", default=32 * 1024 * 1024)
 MAX_REQUEST_BODY_BYTES = env.int("MAX_REQUEST_BODY_BYTES", default=AGENT_FILE_MAX_BYTES + 1024 * 1024)
 # A custom tool's source, wherever it enters (the API, agent files, the ADE): past it, a 400 naming it.
 TOOL_SOURCE_MAX_BYTES = env.int("TOOL_SOURCE_MAX_BYTES", default=64 * 1024)
+# Git memory (/v1/git/{agent_id}/state.git): one fetch or push request's body (after gunzip), the files
+# (blocks) a pushed tree may hold, one file's size, and the commits one push may add.
+GIT_MEMORY_MAX_PUSH_BYTES = env.int("GIT_MEMORY_MAX_PUSH_BYTES", default=8 * 1024 * 1024)
+GIT_MEMORY_MAX_FILES = env.int("GIT_MEMORY_MAX_FILES", default=500)
+GIT_MEMORY_MAX_FILE_BYTES = env.int("GIT_MEMORY_MAX_FILE_BYTES", default=1024 * 1024)
+GIT_MEMORY_MAX_PUSH_COMMITS = env.int("GIT_MEMORY_MAX_PUSH_COMMITS", default=1000)
+# A pushed pack: the bytes its objects may inflate to in all (deltas counted at their result size), and
+# how many objects it may hold; one object may not inflate past GIT_MEMORY_MAX_FILE_BYTES. Checked from
+# the object headers and while inflating, before anything is kept: past them, git's "unpack" error.
+GIT_MEMORY_MAX_PUSH_INFLATED_BYTES = env.int("GIT_MEMORY_MAX_PUSH_INFLATED_BYTES", default=64 * 1024 * 1024)
+GIT_MEMORY_MAX_PUSH_OBJECTS = env.int("GIT_MEMORY_MAX_PUSH_OBJECTS", default=20_000)
 # Nesting of a JSON body or agent file (tool schemas and agent files nest 10-20 deep): past it, a 400.
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
 # The most steps (LLM calls) one run may take, the largest `max_steps` a request may ask for (Letta's

@@ -1,6 +1,17 @@
 """The ADE's pages. Each area's module owns its patterns (views/<area>.py)."""
 
-from apps.ade.views import account, agents, auth, folders, groups, invitations, runs, tools, workspace
+from apps.ade.views import (
+    account,
+    agents,
+    auth,
+    folders,
+    git_memory,
+    groups,
+    invitations,
+    runs,
+    tools,
+    workspace,
+)
 
 app_name = "ade"
 
@@ -14,4 +25,5 @@ urlpatterns = [
     *folders.urlpatterns,
     *runs.urlpatterns,
     *groups.urlpatterns,
+    *git_memory.urlpatterns,
 ]

@@ -11,10 +11,12 @@ from apps.accounts.admin_base import (
     OrgAdminForm,
     OrgScopedAdmin,
     OrgScopedInline,
+    admin_actor,
     admin_require,
     admin_roles,
     secret_form,
 )
+from apps.agents import services
 from apps.agents.models import (
     Agent,
     AgentSecret,
@@ -30,6 +32,7 @@ from apps.agents.models import (
 )
 from apps.core.errors import PermissionDenied
 from apps.core.permissions import Action
+from apps.memory import services as memory_services
 from apps.memory.models import AgentBlock
 from apps.tools.rules import ToolRuleError, dump_tool_rules, parse_tool_rules
 
@@ -99,6 +102,17 @@ class AgentAdmin(OrgScopedAdmin):
         if not change and obj.created_by_id is None and obj.organization_id in admin_roles(request):
             obj.created_by = request.user  # as the services record who created it
         super().save_model(request, obj, form, change)
+        if not change or "tags" in form.changed_data:  # as agent_create and agent_update do
+            memory_services.git_memory_tags_saved(agent=obj)
+
+    def delete_model(self, request: HttpRequest, obj: Agent) -> None:
+        # Through the service, as the API and the ADE delete: it also forgets the agent's LLM call records.
+        with self.refusal_shown(request):
+            services.agent_delete(actor=admin_actor(request, obj.organization_id), agent_id=obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for agent in queryset:
+            self.delete_model(request, agent)
 
     def save_formset(self, request: Any, form: Any, formset: Any, change: bool) -> None:
         instances = formset.save(commit=False)

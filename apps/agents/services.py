@@ -224,6 +224,7 @@ def agent_create(
         store_thread_system_message(actor=actor, agent=agent)
     if enable_sleeptime and agent_type != AgentType.SLEEPTIME:
         _create_sleeptime_agent(actor=actor, primary=agent)
+    memory_services.git_memory_tags_saved(agent=agent)  # tagged git-memory-enabled: build its repository
     return agent
 
 
@@ -588,6 +589,8 @@ def agent_update(
         setattr(agent, column, value)
     agent.last_updated_by_id = actor.user_id
     agent.save(update_fields=[*changes, "last_updated_by", "updated_at"])
+    if "tags" in changes:
+        memory_services.git_memory_tags_saved(agent=agent)  # tagged git-memory-enabled: build its repository
     if "system" in changes or block_ids is not UNSET:
         # What it lists changes now, as on Letta (the loop would compile the new prompt anyway).
         store_thread_system_message(actor=actor, agent=agent)

@@ -18,6 +18,7 @@ from apps.api.views import (
     cloud_only,
     conversations,
     folders,
+    git_http,
     groups,
     health,
     identities,
@@ -54,6 +55,7 @@ urlpatterns = [
     *chat.urlpatterns,
     *providers.urlpatterns,
     *sandbox_config.urlpatterns,
+    *git_http.urlpatterns,  # git smart HTTP for agent memory (not in the schema, as in Letta)
     re_path(r"^openapi\.json$", SpectacularAPIView.as_view(), name="openapi-schema"),
     re_path(r"^docs/?$", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
 ]

@@ -8,7 +8,17 @@ from django.http import HttpRequest
 from apps.accounts.admin_base import OrgScopedAdmin, admin_actor
 from apps.core.permissions import Action
 from apps.memory import services
-from apps.memory.models import Archive, ArchiveStats, ArchiveTag, Block, BlockHistory, Passage
+from apps.memory.models import (
+    Archive,
+    ArchiveStats,
+    ArchiveTag,
+    Block,
+    BlockHistory,
+    GitMemoryCommit,
+    GitMemoryObject,
+    GitMemoryRepo,
+    Passage,
+)
 
 BLOCK_EDITABLE = [
     "label",
@@ -157,3 +167,47 @@ class PassageAdmin(OrgScopedAdmin):
     @admin.display(description="Text")
     def short_text(self, obj: Passage) -> str:
         return obj.text[:80]
+
+
+class _GitMemoryReadOnlyAdmin(OrgScopedAdmin):
+    """Git memory is derived from the blocks and their history (and pushes): shown, never edited here.
+    Deleting the repository row is allowed: the next git request rebuilds it from block history (with new
+    commit ids, so clones must be made afresh)."""
+
+    change_action = Action.AGENT_CONFIGURE
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(GitMemoryRepo)
+class GitMemoryRepoAdmin(_GitMemoryReadOnlyAdmin):
+    via = "agent"
+    list_display = ["agent", "head", "organization", "updated_at"]
+    search_fields = ["agent__id", "agent__name", "head"]
+    readonly_fields = ["agent", "organization", "head", "head_labels", "created_at", "updated_at"]
+
+
+@admin.register(GitMemoryCommit)
+class GitMemoryCommitAdmin(_GitMemoryReadOnlyAdmin):
+    list_display = ["sha", "repo", "seq", "source", "author_name", "committed_at"]
+    list_filter = ["source"]
+    search_fields = ["sha", "repo__agent__id", "author_name", "message"]
+    readonly_fields = [f.name for f in GitMemoryCommit._meta.fields]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(GitMemoryObject)
+class GitMemoryObjectAdmin(_GitMemoryReadOnlyAdmin):
+    list_display = ["sha", "repo", "type_num", "organization"]
+    search_fields = ["sha", "repo__agent__id"]
+    fields = ["sha", "repo", "type_num", "organization", "created_at"]
+    readonly_fields = ["sha", "repo", "type_num", "organization", "created_at"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

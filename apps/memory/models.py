@@ -224,3 +224,65 @@ class ArchiveTag(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tag} ({self.passage_count})"
+
+
+class GitMemoryRepo(OrgOwnedModel):
+    """An agent's memory as a git repository (apps/memory/git_memory.py): the branch head and, for each
+    attached block, the label its file had at that head. Its row is the lock every sync and push of the
+    agent's repository takes, so several web processes agree on one history."""
+
+    agent = models.OneToOneField(
+        "agents.Agent", primary_key=True, on_delete=models.CASCADE, related_name="git_memory"
+    )
+    head = models.CharField(max_length=40, blank=True, default="", help_text="Commit id of refs/heads/main.")
+    head_labels = models.JSONField(default=dict, blank=True, help_text="Block id -> label at the head.")
+
+    class Meta:
+        verbose_name = "git memory repository"
+        verbose_name_plural = "git memory repositories"
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} @ {self.head[:12]}"
+
+
+class GitMemoryObject(OrgOwnedModel):
+    """One git object (blob, tree or commit) of an agent's repository, as git stores it (type and raw
+    content, uncompressed), so commit ids are the same on every web process and across restarts."""
+
+    repo = models.ForeignKey(GitMemoryRepo, on_delete=models.CASCADE, related_name="objects_stored")
+    sha = models.CharField(max_length=40)
+    type_num = models.PositiveSmallIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["repo", "sha"], name="git_memory_object_unique")]
+
+    def __str__(self) -> str:
+        return self.sha
+
+
+class GitMemoryCommit(OrgOwnedModel):
+    """A commit on the repository's branch, oldest first (`seq`): built from block history (`history_ids`
+    names the BlockHistory rows it stands for) or pushed by a person (`source` push)."""
+
+    class Source(models.TextChoices):
+        HISTORY = "history", "Block history"
+        PUSH = "push", "git push"
+        SYNC = "sync", "Sync"
+
+    repo = models.ForeignKey(GitMemoryRepo, on_delete=models.CASCADE, related_name="commits")
+    seq = models.PositiveIntegerField()
+    sha = models.CharField(max_length=40)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    author_name = models.CharField(max_length=300)
+    author_email = models.CharField(max_length=300)
+    message = models.TextField()
+    committed_at = models.DateTimeField()
+    history_ids = ArrayField(models.CharField(max_length=ID_MAX_LENGTH), default=list, blank=True)
+
+    class Meta:
+        ordering = ["repo", "seq"]
+        constraints = [models.UniqueConstraint(fields=["repo", "seq"], name="git_memory_commit_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.sha[:12]} {self.message.splitlines()[0] if self.message else ''}"

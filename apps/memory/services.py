@@ -25,6 +25,19 @@ from apps.memory.archival import (  # noqa: F401 - archival memory's writes, for
     archive_update,
 )
 from apps.memory.errors import BlockConcurrentUpdate, BlockNotFound, BlockTooLong, DuplicateBlockLabel
+from apps.memory.git_memory import (  # noqa: F401 - git memory (the smart HTTP protocol), for the adapters
+    GIT_MEMORY_TAG,
+    CommitView,
+    GitMemoryNotEnabled,
+    GitRequestInvalid,
+    decode_body,
+    git_commit_log,
+    git_info_refs,
+    git_memory_enable,
+    git_memory_tags_saved,
+    git_receive_pack,
+    git_upload_pack,
+)
 from apps.memory.models import DEFAULT_BLOCK_LIMIT, AgentBlock, Block, BlockHistory
 from apps.memory.selectors import block_get
 

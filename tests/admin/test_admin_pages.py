@@ -104,6 +104,8 @@ def populated(actor, org, user):
     GroupMember.objects.create(group=group, agent=agent, position=0)
     turn = GroupTurn.all_objects.create(organization=org, group=group, current_run=run)
     GroupTurnRun.objects.create(turn=turn, run=run, position=0)
+    git_agent = AgentFactory(organization=org, tags=[memory_services.GIT_MEMORY_TAG])
+    memory_services.git_commit_log(actor=actor, agent=git_agent)  # its repository, objects and a commit
     return agent
 
 

@@ -350,8 +350,10 @@ urlpatterns = [
         CoreMemoryBlockDetachApi.as_view(),
         name="agent-block-detach",
     ),
+    # Last, and the label may hold slashes (git memory's `system/human`, `skills/x`; the SDK sends them
+    # unencoded): anything after blocks/ but a trailing slash.
     re_path(
-        rf"^v1/agents/{AGENT}/core-memory/blocks/(?P<block_label>[^/]+)/?$",
+        rf"^v1/agents/{AGENT}/core-memory/blocks/(?P<block_label>.+?)/?$",
         CoreMemoryBlockDetailApi.as_view(),
         name="agent-block-detail",
     ),
