@@ -14,7 +14,9 @@ other Letta-typed tools this server does not know are left out on import.
 Folders travel as Letta's `sources`, their files as `files` with their parsed text (`content`), and what the
 agent has of them as its `files_agents` (open or closed, the window it sees). The folders app builds and
 restores them (this app must not import it): it registers a FolderSection here when Django starts. Groups,
-MCP servers and skills are not supported yet: import ignores them.
+MCP servers are not supported yet: import ignores them. Skills are blocks labelled `skills/<name>`: they
+travel in `blocks` and also as Letta's `skills`; import turns a file's `skills` it has no block for into
+such blocks.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from apps.core.jsondepth import nesting_exceeds
 from apps.core.permissions import Action
 from apps.llm.handles import DEFAULT_CONTEXT_WINDOW, resolve_embedding, resolve_model
 from apps.memory import services as memory_services
-from apps.memory.models import Block
+from apps.memory.models import DEFAULT_BLOCK_LIMIT, Block
 from apps.tools.builtin import BUILTIN_TOOLS
 from apps.tools.models import Tool
 from apps.tools.selectors import LETTA_TOOL_TYPE_PREFIX, tool_get_by_name
@@ -244,7 +246,7 @@ def agent_export(
         "sources": sources,
         "tools": [_tool_doc(tool, tool_ids[tool.id]) for tool in tools],
         "mcp_servers": [],
-        "skills": [],
+        "skills": _skill_docs(blocks),
         "metadata": {"revision_id": FILE_REVISION},
         "created_at": datetime.now(UTC).isoformat(),
     }
@@ -415,6 +417,24 @@ def _block_doc(block: Block, file_id: str) -> dict[str, Any]:
         "tags": list(block.tags) or None,
         "project_id": None,
     }
+
+
+SKILL_PREFIX = "skills/"
+SKILL_FILE = "SKILL.md"
+
+
+def _skill_docs(blocks: list[Block]) -> list[dict[str, Any]]:
+    """Letta's `skills` (SkillSchema: a name and its files, `SKILL.md` first) for the agent's skill blocks
+    (`skills/<name>`), so a client that reads skills from the file (Letta Code) finds them. The blocks
+    travel in `blocks` too; import makes no second copy of a skill whose block the file has."""
+    skills = []
+    for block in blocks:
+        name = block.label.removeprefix(SKILL_PREFIX)
+        if not block.label.startswith(SKILL_PREFIX) or not name or "/" in name:
+            continue
+        front = f"---\nname: {json.dumps(name)}\ndescription: {json.dumps(block.description or '')}\n---\n"
+        skills.append({"name": name, "files": {SKILL_FILE: front + block.value}, "source_url": None})
+    return skills
 
 
 def _tool_doc(tool: Tool, file_id: str) -> dict[str, Any]:
@@ -608,6 +628,12 @@ class FileDocumentState(_Lenient):
     end_line: int | None = None
 
 
+class FileSkill(_Lenient):
+    name: str
+    files: dict[str, str] | None = None
+    source_url: str | None = None
+
+
 class FileAgent(_Lenient):
     id: str
     name: str | None = None
@@ -653,6 +679,7 @@ class AgentFile(_Lenient):
     tools: list[FileTool] = Field(default_factory=list)
     sources: list[FileSource] = Field(default_factory=list)
     files: list[FileDocument] = Field(default_factory=list)
+    skills: list[FileSkill] = Field(default_factory=list)
 
 
 # --- import -------------------------------------------------------------------------------------------
@@ -692,7 +719,7 @@ def parse_agent_file(raw: bytes | str) -> AgentFile:
 class Refusal:
     """Something in the file the importer may not bring in; the rest of the import goes ahead."""
 
-    kind: str  # "tool" or "message"
+    kind: str  # "tool", "message" or "skill"
     name: str
     reason: str
 
@@ -758,6 +785,7 @@ def agent_import(
         if not strip_messages:
             _import_messages(actor, agent, file_agent, as_is=as_is, refused=refused)
         agents[file_agent.id] = agent
+    _import_skills(actor, file, list(agents.values()), refused=refused)
     section = _folder_section()
     if section is not None:
         section.import_(actor=actor, file=file, agents=agents, embedding=embedding)
@@ -912,6 +940,59 @@ def _import_tools(
             else Tool.Type.CUSTOM,
         )
     return mapped
+
+
+def _import_skills(actor: Actor, file: AgentFile, agents: list[Agent], *, refused: list[Refusal]) -> None:
+    """The file's Letta `skills` that it has no block for, as skill blocks (`skills/<name>`, the SKILL.md
+    body as value, its front matter's description as the block's) attached to its agents. A skill given
+    only by `source_url` is never fetched, and a skill's other files are left out: both listed in
+    `refused`."""
+    labels = {block.label for block in file.blocks} | {
+        block.label for agent in file.agents for block in agent.memory_blocks or []
+    }
+    for skill in file.skills:
+        name = skill.name.strip().strip("/")
+        text = (skill.files or {}).get(SKILL_FILE)
+        if text is None:
+            refused.append(
+                Refusal("skill", skill.name, "only skills whose SKILL.md the file carries are imported")
+            )
+            continue
+        if not name or f"{SKILL_PREFIX}{name}" in labels:
+            continue
+        others = sorted(set(skill.files or {}) - {SKILL_FILE})
+        if others:
+            refused.append(Refusal("skill", skill.name, f"left out its other files: {', '.join(others)}"))
+        description, body = _split_front_matter(text)
+        block = memory_services.block_create(
+            actor=actor,
+            label=f"{SKILL_PREFIX}{name}",
+            value=body,
+            limit=max(DEFAULT_BLOCK_LIMIT, len(body)),
+            description=description,
+        )
+        labels.add(block.label)
+        for agent in agents:
+            memory_services.block_attach_to_agent(actor=actor, agent_id=agent.id, block=block)
+
+
+def _split_front_matter(text: str) -> tuple[str, str]:
+    """(description, body) of a SKILL.md: its YAML front matter's `description` line, and what follows."""
+    if not text.startswith("---\n"):
+        return "", text
+    end = text.find("\n---\n", 4)
+    if end == -1:
+        return "", text
+    description = ""
+    for line in text[4:end].split("\n"):
+        if line.startswith("description:"):
+            raw = line.split(":", 1)[1].strip()
+            try:
+                decoded = json.loads(raw) if raw.startswith('"') else raw
+            except ValueError:
+                decoded = raw
+            description = str(decoded).strip("'")
+    return description, text[end + 5 :]
 
 
 def _create_block(actor: Actor, block: FileBlock) -> Block:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -36,6 +37,8 @@ EDIT_CONFIRMATION = (
     "The core memory block with label `{label}` has been edited. Review the changes and make sure they "
     "are as expected (correct indentation, no duplicate lines, etc). Edit the memory block again if necessary."
 )
+SKILL_PREFIX = "skills/"  # blocks labelled skills/<name> are skills (Letta's MemFS convention)
+MAX_LABEL_LENGTH = 200  # as apps.memory.services.validate_block_fields
 EDIT_ATTEMPTS = 3
 """A block edited concurrently (a sleeptime agent, a person in the ADE) is re-read and the edit re-applied
 to its new value, at most this many times, instead of overwriting the other writer."""
@@ -245,6 +248,200 @@ def _memory_rethink(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> Too
     )
 
 
+PATCH_APPLIED = (
+    "The memory patch was applied and your memory blocks are updated in your context.\n\n"
+    "Operations completed:\n- {operations}"
+)
+
+
+@dataclass
+class _PatchTarget:
+    """A block as a patch leaves it: `block` is None for one the patch adds; `label` may be a new name."""
+
+    block: Block | None
+    label: str
+    value: str
+    limit: int
+    description: str = ""
+    read_only: bool = False
+    detached: bool = False
+
+    def view(self) -> BlockView:
+        return BlockView(label=self.label, value=self.value, limit=self.limit, read_only=self.read_only)
+
+
+def _memory_apply_patch(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    """Letta's memory_apply_patch, all or nothing: every operation is computed on the blocks as read, and
+    only if all of them apply are the changes written, in one transaction, each block compare-and-set on
+    its version (a concurrent writer makes the whole patch re-read and re-apply, as _edit_block does)."""
+    operations = edits.parse_memory_patch(args["label"], args["patch"])
+    for attempt in range(EDIT_ATTEMPTS):
+        attached = _blocks_by_label(ctx, agent, fresh=attempt > 0)
+        if attempt == 0 and any(
+            op.label not in attached and op.kind != "add" for op in operations
+        ):  # the run's copy may predate a block attached since
+            attached = _blocks_by_label(ctx, agent, fresh=True)
+        targets, done = _plan_patch(operations, attached, agent)
+        try:
+            with transaction.atomic():
+                edited = _write_patch(ctx, agent, targets)
+        except BlockConcurrentUpdate:
+            continue
+        if not edited:
+            return ToolResult.ok("The patch changed nothing: the blocks already read that way.")
+        single = len(operations) == 1 and not any(t.block is None or t.detached for t in targets)
+        if single and not edits.is_extended_patch(args["patch"]):
+            # Letta returns the patched block's new value for a plain (single-block) patch.
+            return ToolResult.ok(edited[0].value, memory_changed=True, edited_block=edited[0])
+        return ToolResult.ok(PATCH_APPLIED.format(operations="\n- ".join(done)), memory_changed=True)
+    raise BlockConcurrentUpdate(
+        "The memory blocks of this patch kept changing while you edited them; read them again and retry."
+    )
+
+
+def _plan_patch(
+    operations: list[edits.PatchOperation], attached: dict[str, Block], agent: Agent
+) -> tuple[list[_PatchTarget], list[str]]:
+    """What the patch makes of each block it names (nothing written); raises MemoryEditError on the first
+    operation that cannot apply, so a failed patch changes nothing."""
+    live: dict[str, _PatchTarget] = {}  # label -> what holds it now
+    targets: list[_PatchTarget] = []
+    planned: set[str] = set()  # ids of the attached blocks the patch has touched
+    done: list[str] = []
+
+    def taken(label: str) -> bool:
+        return label in live or (label in attached and attached[label].id not in planned)
+
+    def existing(label: str) -> _PatchTarget:
+        if label not in live and label in attached and attached[label].id not in planned:
+            block = attached[label]
+            live[label] = _PatchTarget(
+                block, block.label, block.value, block.limit, block.description, block.read_only
+            )
+            targets.append(live[label])
+            planned.add(block.id)
+        if label not in live:
+            raise MemoryEditError("The patch was not applied. " + _unknown_label_message(agent, label))
+        return live[label]
+
+    for op in operations:
+        if op.kind == "add":
+            if taken(op.label):
+                raise MemoryEditError(f"The patch was not applied: memory block '{op.label}' already exists.")
+            _check_label(op.label)
+            value = edits.memory_patch_new_block(op.label, op.text, DEFAULT_BLOCK_LIMIT)
+            target = _PatchTarget(None, op.label, value, DEFAULT_BLOCK_LIMIT, op.description)
+            live[op.label] = target
+            targets.append(target)
+            done.append(f"Created memory block '{op.label}'")
+        elif op.kind == "update":
+            target = existing(op.label)
+            target.value = edits.memory_apply_hunks(target.view(), op.text)
+            done.append(f"Updated memory block '{op.label}'")
+        elif op.kind == "delete":
+            target = existing(op.label)
+            edits.check_patch_target(target.view())
+            target.detached = True
+            del live[op.label]
+            done.append(f"Deleted memory block '{op.label}'")
+        else:  # move
+            target = existing(op.label)
+            edits.check_patch_target(target.view())
+            if op.new_label != op.label and taken(op.new_label):
+                raise MemoryEditError(
+                    f"The patch was not applied: cannot rename '{op.label}' to '{op.new_label}', "
+                    "a memory block with that label already exists."
+                )
+            _check_label(op.new_label)
+            del live[op.label]
+            target.label = op.new_label
+            live[op.new_label] = target
+            done.append(f"Renamed memory block '{op.label}' to '{op.new_label}'")
+    return targets, done
+
+
+def _write_patch(ctx: ToolContext, agent: Agent, targets: list[_PatchTarget]) -> list[Block]:
+    """Write a planned patch (inside the caller's transaction); the blocks written, in patch order."""
+    written: list[Block] = []
+    editor = Editor.agent(agent.id)
+    for target in targets:
+        block = target.block
+        if block is None:
+            if not target.detached:
+                written.append(_create_block(ctx, agent, target.label, target.value, target.description))
+            continue
+        if target.detached:
+            memory_services.block_detach_from_agent(agent_id=agent.id, block_id=block.id)
+            written.append(block)
+            continue
+        if target.value != block.value:
+            block = memory_services.block_write_read_value(
+                block=block,
+                value=target.value,
+                editor=editor,
+                user_id=ctx.actor.user_id,
+                attached_to=agent.id,
+            )
+        if target.label != block.label:
+            block = memory_services.block_update(
+                actor=ctx.actor,
+                block_id=block.id,
+                editor=editor,
+                expected_version=block.version,
+                label=target.label,
+            )
+        if block is not target.block:
+            written.append(block)
+    return written
+
+
+def _blocks_by_label(ctx: ToolContext, agent: Agent, *, fresh: bool) -> dict[str, Block]:
+    """The agent's blocks by label: the run's copies (fresh=False, when it holds them) or read now."""
+    if not fresh and ctx.blocks:
+        return {block.label: block for block in ctx.blocks}
+    links = AgentBlock.objects.filter(agent_id=agent.id, block__organization_id=ctx.actor.organization_id)
+    return {link.block_label: link.block for link in links.select_related("block")}
+
+
+def _check_label(label: str) -> None:
+    if len(label) > MAX_LABEL_LENGTH:
+        raise MemoryEditError(
+            f"The patch was not applied: the label '{label[:40]}...' is longer than {MAX_LABEL_LENGTH} characters."
+        )
+
+
+def _load_skill(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
+    """A skill's full text, which then stays in context as this tool's return. The name may be given as
+    <available_skills> shows it (`pdf`, `pdf/SKILL.md`, `${MEMORY_DIR}/skills/pdf/SKILL.md`) or as the
+    block's label (`skills/pdf`); `skills/pdf/SKILL` is Letta's older label for the same skill."""
+    name = _skill_name(args["name"])
+    blocks = _blocks_by_label(ctx, agent, fresh=False)
+    for _ in range(2):  # the run's copy may predate a skill added since
+        for label in (f"{SKILL_PREFIX}{name}", f"{SKILL_PREFIX}{name}/SKILL"):
+            if name and label in blocks:
+                return ToolResult.ok(blocks[label].value)
+        blocks = _blocks_by_label(ctx, agent, fresh=True)
+    skills = sorted(
+        {
+            label.split("/")[1]
+            for label in blocks
+            if label.startswith(SKILL_PREFIX) and label.count("/") in (1, 2)
+        }
+    )
+    listed = f"Your skills are: {', '.join(skills)}." if skills else "You have no skills."
+    return ToolResult.error(f"No skill named '{args['name']}'. {listed}")
+
+
+def _skill_name(raw: str) -> str:
+    name = raw.strip()
+    for prefix in ("${MEMORY_DIR}/", "$MEMORY_DIR/", "/memories/", "/"):
+        name = name.removeprefix(prefix)
+    name = name.removeprefix(SKILL_PREFIX)
+    for suffix in ("/SKILL.md", "/SKILL", ".md"):
+        name = name.removesuffix(suffix)
+    return name.strip("/")
+
+
 def _memory_finish_edits(args: dict[str, Any], ctx: ToolContext, agent: Agent) -> ToolResult:
     return ToolResult.ok(None)
 
@@ -309,11 +506,12 @@ def _edit_block(
 
 
 @transaction.atomic
-def _create_block(ctx: ToolContext, agent: Agent, label: str, value: str) -> Block:
-    """memory_rethink on a missing label: a new block attached to the agent, its content written as the
-    agent (the empty first version is the system's), so history shows who wrote what."""
+def _create_block(ctx: ToolContext, agent: Agent, label: str, value: str, description: str = "") -> Block:
+    """memory_rethink on a missing label (and a patch's `*** Add Block:`): a new block attached to the
+    agent, its content written as the agent (the empty first version is the system's), so history shows
+    who wrote what."""
     new_value = edits.memory_rethink(BlockView(label=label, value="", limit=DEFAULT_BLOCK_LIMIT), value)
-    block = memory_services.block_create(actor=ctx.actor, label=label)
+    block = memory_services.block_create(actor=ctx.actor, label=label, description=description)
     memory_services.block_attach_to_agent(actor=ctx.actor, agent_id=agent.id, block=block)
     if not new_value:
         return block
@@ -355,6 +553,8 @@ _HANDLERS: dict[str, Handler] = {
     "memory_insert": _memory_insert,
     "memory_rethink": _memory_rethink,
     "memory_finish_edits": _memory_finish_edits,
+    "memory_apply_patch": _memory_apply_patch,
+    "load_skill": _load_skill,
     "send_message_to_agent_async": _send_message_to_agent_async,
     "send_message_to_agent_and_wait_for_reply": _send_message_to_agent_and_wait_for_reply,
     "send_message_to_agents_matching_tags": _send_message_to_agents_matching_tags,

@@ -10,6 +10,10 @@ core_memory_replace replaces every occurrence, memory_replace needs exactly one,
 memory_insert counts lines split on "\\n", and the memory_* tools expand tabs and
 refuse the display-only line numbers. Unlike current Letta, the block's character
 limit is enforced here (Letta dropped enforcement and keeps `limit` as metadata).
+
+memory_apply_patch edits several blocks, so it is not in MEMORY_TOOL_NAMES: parse_memory_patch
+reads Letta's patch format into operations and memory_apply_hunks applies one block's diff; the
+executor (apps.agents.builtin_tools) plans every operation before it writes any.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ LINE_NUMBERED_AGENT_TYPES = frozenset({"letta_v1_agent", "memgpt_v2_agent", "sle
 _ARROW_PREFIX = re.compile(r"^[ \t]*\d+→", re.MULTILINE)
 _LINE_PREFIX = re.compile(r"^[ \t]*Line \d+: ", re.MULTILINE)
 _INTEGER = re.compile(r"[+-]?\d+")
+_PATCH_LINE_NUMBER = re.compile(r"^[ +-][ \t]*\d+→")  # a diff line carrying a displayed line number
 
 
 class MemoryEditError(DomainError):
@@ -164,6 +169,198 @@ def render_block_with_line_numbers(value: str) -> str:
 def should_show_line_numbers(agent_type: str | None, model_endpoint_type: str | None) -> bool:
     """Letta only numbers lines for the memory_* agent types running on Anthropic models."""
     return (agent_type or "").lower() in LINE_NUMBERED_AGENT_TYPES and model_endpoint_type == "anthropic"
+
+
+# --- memory_apply_patch ---------------------------------------------------------------------------------
+
+PATCH_HEADERS = ("*** Add Block:", "*** Delete Block:", "*** Update Block:", "*** Move to:")
+"""Letta's multi-block headers; a patch with none of them edits the one block named by `label`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PatchOperation:
+    """One step of a memory patch, in patch order. `kind` is add, delete, update or move; `text` is an
+    update's diff body or an added block's content; `new_label` is a move's target."""
+
+    kind: str
+    label: str
+    text: str = ""
+    description: str = ""
+    new_label: str = ""
+
+
+def is_extended_patch(patch: str) -> bool:
+    """Does the patch use the multi-block "***" headers (else it edits the block named by `label`)?"""
+    return any(line.startswith(PATCH_HEADERS) for line in str(patch).splitlines())
+
+
+def parse_memory_patch(label: str, patch: str) -> list[PatchOperation]:
+    """The operations of a memory_apply_patch call, in order (Letta's format; see the tool's docstring).
+
+    Raises MemoryEditError for a malformed patch: line numbers, a header without a label, a move that
+    follows no block, or no operation at all. Nothing here reads or writes a block."""
+    patch = _require_text("patch", patch)
+    _refuse_line_numbers("patch", patch)
+    if any(_PATCH_LINE_NUMBER.match(line) for line in patch.split("\n")):
+        raise MemoryEditError(
+            "patch contains a line-number prefix (such as '+3→ '). "
+            "Line numbers are display-only; pass only the block's own text."
+        )
+    lines = patch.splitlines()
+    if not is_extended_patch(patch):
+        if not (label or "").strip():
+            raise MemoryEditError(
+                "label is empty and the patch has no '*** Update Block: <label>' header: "
+                "name the block to patch, or use the '***' headers."
+            )
+        return [PatchOperation("update", label, text=patch)]
+
+    operations: list[PatchOperation] = []
+    current: dict[str, object] | None = None
+    last_label: str | None = None
+
+    def flush() -> None:
+        nonlocal current
+        if current is not None:
+            body = current["lines"]
+            assert isinstance(body, list)
+            text = "\n".join(body)
+            if current["kind"] == "add":
+                text = text.rstrip("\n")
+            operations.append(
+                PatchOperation(
+                    str(current["kind"]), str(current["label"]), text, str(current.get("description", ""))
+                )
+            )
+            current = None
+
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        header = next((h for h in PATCH_HEADERS if line.startswith(h)), None)
+        if header is not None:
+            target = line[len(header) :].strip()
+            if not target:
+                raise MemoryEditError(f"'{header}' must be followed by a block label, e.g. '{header} human'.")
+            flush()
+            if header == "*** Move to:":
+                if last_label is None:
+                    raise MemoryEditError(
+                        "'*** Move to:' must follow an '*** Add Block:', '*** Update Block:' or "
+                        "'*** Delete Block:' header naming the block to rename."
+                    )
+                previous = operations[-1] if operations else None
+                if (
+                    previous
+                    and previous.kind == "update"
+                    and previous.label == last_label
+                    and not previous.text.strip()
+                ):
+                    operations.pop()  # "*** Update Block: a" then "*** Move to: b" with no hunk: a pure rename
+                operations.append(PatchOperation("move", last_label, new_label=target))
+            elif header == "*** Delete Block:":
+                operations.append(PatchOperation("delete", target))
+            else:
+                current = {
+                    "kind": "add" if header == "*** Add Block:" else "update",
+                    "label": target,
+                    "lines": [],
+                }
+                if (
+                    header == "*** Add Block:"
+                    and index < len(lines)
+                    and lines[index].startswith("Description:")
+                ):
+                    current["description"] = lines[index].split(":", 1)[1].strip()
+                    index += 1
+            last_label = target
+            continue
+        if current is None:
+            continue  # text before the first header (e.g. a leading "@@") carries no edit
+        body = current["lines"]
+        assert isinstance(body, list)
+        if current["kind"] == "add":
+            if line.startswith("+"):
+                body.append(line[1:].expandtabs())
+            elif not line.strip():
+                body.append("")
+        else:
+            body.append(line)
+    flush()
+    if not operations:
+        raise MemoryEditError(
+            "The patch has no operations: use '*** Add Block:', '*** Delete Block:' or '*** Update Block:'."
+        )
+    return operations
+
+
+def memory_apply_hunks(block: BlockView, diff: str) -> str:
+    """`block`'s value with the diff's hunks applied in order, each to the result of the one before.
+
+    Hunks are separated by "@@" lines; " " lines are context, "-" lines are removed, "+" lines added,
+    a blank line is an empty context line, "---"/"+++" headers and other lines are ignored. A hunk's
+    context and removed lines must match exactly one place; a hunk with only "+" lines appends. Raises
+    MemoryEditError (read-only, no hunk, a hunk that matches nowhere or in several places, over the
+    limit) and then nothing of the patch applies."""
+    _check_writable(block)
+    hunks: list[list[str]] = []
+    hunk: list[str] = []
+    for line in diff.splitlines():
+        # Tabs expand after the " "/"-"/"+" marker is taken off, so they line up as in the block.
+        line = line[:1] + line[1:].expandtabs()
+        if line.startswith(("---", "+++", "*** ")):
+            continue
+        if line.startswith("@@"):
+            if hunk:
+                hunks.append(hunk)
+            hunk = []
+        elif line[:1] in (" ", "-", "+"):
+            hunk.append(line)
+        elif not line.strip():
+            hunk.append(" ")
+    if hunk:
+        hunks.append(hunk)
+    if not hunks:
+        raise MemoryEditError(
+            f"The patch for memory block '{block.label}' has no hunk: every line of a hunk must start "
+            "with ' ' (context), '-' (remove) or '+' (add)."
+        )
+    lines = block.value.expandtabs().split("\n")
+    for number, hunk in enumerate(hunks, start=1):
+        expected = [line[1:] for line in hunk if line[0] in " -"]
+        replacement = [line[1:] for line in hunk if line[0] in " +"]
+        if not expected:
+            lines = lines + replacement
+            continue
+        width = len(expected)
+        matches = [i for i in range(len(lines) - width + 1) if lines[i : i + width] == expected]
+        if not matches:
+            sample = "\n".join(expected[:4])
+            raise MemoryEditError(
+                f"The patch was not applied: hunk {number} does not match memory block '{block.label}'. "
+                "Its context and '-' lines must be the block's current lines exactly (including "
+                f"whitespace). The hunk expects:\n{sample}"
+            )
+        if len(matches) > 1:
+            raise MemoryEditError(
+                f"The patch was not applied: hunk {number} matches {len(matches)} places in memory block "
+                f"'{block.label}'. Add surrounding context lines to make it unique."
+            )
+        start = matches[0]
+        lines = lines[:start] + replacement + lines[start + width :]
+    return _checked(block, "\n".join(lines))
+
+
+def memory_patch_new_block(label: str, content: str, limit: int) -> str:
+    """The value of a block a patch adds (`*** Add Block:`), checked against the limit it will get."""
+    _refuse_line_numbers("patch", content)
+    return _checked(BlockView(label=label, value="", limit=limit), content)
+
+
+def check_patch_target(block: BlockView) -> None:
+    """A patch may delete or rename a block only if it could edit it."""
+    _check_writable(block)
 
 
 MEMORY_TOOL_NAMES: Mapping[str, Callable[..., str]] = MappingProxyType(

@@ -180,6 +180,7 @@ def memory(
 
 def memory_apply_patch(agent_state: Any, label: str, patch: str) -> str:
     """Edit memory blocks with a simplified unified diff (lines starting with " ", "-" or "+", optional "@@").
+    All or nothing: if any hunk does not match, no block changes.
 
     Several blocks at once: headers "*** Add Block: <label>" (an optional "Description: ..." line, then "+"
     lines), "*** Delete Block: <label>", "*** Update Block: <label>" and "*** Move to: <new label>".
@@ -192,6 +193,19 @@ def memory_apply_patch(agent_state: Any, label: str, patch: str) -> str:
     Returns:
         str: Confirmation, or what did not apply.
     """
+
+
+def load_skill(agent_state: Any, name: str) -> str:
+    """Load one of your skills into your context: returns its full instructions. Your skills are listed,
+    with a one-line description each, in <available_skills>; load one when a task needs it.
+
+    Args:
+        name (str): The skill's name as listed in <available_skills>, e.g. "pdf".
+
+    Returns:
+        str: The skill's full text.
+    """
+    raise NotImplementedError("run in-process by apps.agents.builtin_tools")
 
 
 def send_message_to_agent_and_wait_for_reply(agent_state: Any, message: str, other_agent_id: str) -> str:
@@ -421,6 +435,7 @@ BUILTIN_TOOLS: dict[str, tuple[str, Callable[..., Any]]] = {
     "memory_finish_edits": ("letta_sleeptime_core", memory_finish_edits),
     "memory": ("letta_memory_core", memory),
     "memory_apply_patch": ("letta_memory_core", memory_apply_patch),
+    "load_skill": ("letta_memory_core", load_skill),
     "send_message_to_agent_and_wait_for_reply": (
         "letta_multi_agent_core",
         send_message_to_agent_and_wait_for_reply,
@@ -439,7 +454,11 @@ BUILTIN_TOOLS: dict[str, tuple[str, Callable[..., Any]]] = {
     "grep_files": ("letta_files_core", grep_files),
     "semantic_search_files": ("letta_files_core", semantic_search_files),
 }
-"""Letta's whole base tool set (LETTA_TOOL_SET of letta/constants.py), each with its tool type."""
+"""Letta's whole base tool set (LETTA_TOOL_SET of letta/constants.py), each with its tool type, and this
+server's SERVER_TOOLS."""
+SERVER_TOOLS = frozenset({"load_skill"})
+"""Built-ins that Letta does not have: Letta's server has no tool that loads a skill (its skills are files a
+client such as Letta Code reads from its memory directory), so `load_skill` does that here."""
 
 _ARGUMENT_MODELS: dict[str, tuple[type[BaseModel], ...]] = {
     "store_memories": (MemoryChunk,),

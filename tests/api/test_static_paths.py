@@ -13,7 +13,7 @@ from apps.agents.services import BlockSpec, agent_create
 from apps.core.actor import Actor, Role
 from apps.memory.models import Block
 from apps.memory.services import block_attach_to_agent
-from apps.tools.builtin import BUILTIN_TOOLS
+from apps.tools.builtin import BUILTIN_TOOLS, SERVER_TOOLS
 from apps.tools.mcp import mcp_tool_register
 from apps.tools.models import Tool
 from apps.tools.services import tool_upsert
@@ -73,6 +73,7 @@ LETTA_TOOL_SET = {
     "semantic_search_files",
 }
 """letta/constants.py LETTA_TOOL_SET at 0.16.7."""
+BUILTIN_SET = LETTA_TOOL_SET | SERVER_TOOLS  # and this server's own built-ins (load_skill)
 
 
 def new_agent(actor, **kwargs):
@@ -119,9 +120,9 @@ def test_tools_count_applies_the_list_filters(actor, api_client_for):
     ToolFactory(organization_id=actor.organization_id, name="mine")
     ToolFactory(organization_id=actor.organization_id, name="yours")
 
-    assert client.get("/v1/tools/count").json() == len(LETTA_TOOL_SET) + 2
+    assert client.get("/v1/tools/count").json() == len(BUILTIN_SET) + 2
     assert client.get("/v1/tools/count", {"exclude_letta_tools": "true"}).json() == 2
-    assert client.get("/v1/tools/count", {"return_only_letta_tools": "true"}).json() == len(LETTA_TOOL_SET)
+    assert client.get("/v1/tools/count", {"return_only_letta_tools": "true"}).json() == len(BUILTIN_SET)
     assert client.get("/v1/tools/count", {"names": ["mine", "memory"]}).json() == 2
     assert client.get("/v1/tools/count", {"tool_types": "bogus"}).status_code == 400
 
@@ -177,9 +178,9 @@ def test_add_base_tools_creates_lettas_whole_base_tool_set_once(actor, api_clien
     second = client.post("/v1/tools/add-base-tools/")
 
     assert first.status_code == 200
-    assert {tool["name"] for tool in first.json()} == LETTA_TOOL_SET
+    assert {tool["name"] for tool in first.json()} == BUILTIN_SET
     assert [tool["id"] for tool in second.json()] == [tool["id"] for tool in first.json()]
-    assert Tool.objects.for_actor(actor).count() == len(LETTA_TOOL_SET)
+    assert Tool.objects.for_actor(actor).count() == len(BUILTIN_SET)
     by_name = {tool["name"]: tool for tool in first.json()}
     assert by_name["web_search"]["tool_type"] == "letta_builtin"
     assert by_name["open_files"]["tool_type"] == "letta_files_core"
@@ -393,4 +394,4 @@ def test_letta_cloud_features_are_a_json_501_never_retried(db, method, path, fea
 
 
 def test_every_base_tool_name_is_registered():
-    assert set(BUILTIN_TOOLS) == LETTA_TOOL_SET
+    assert set(BUILTIN_TOOLS) == BUILTIN_SET

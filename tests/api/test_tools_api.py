@@ -242,7 +242,7 @@ def test_list_filters_by_name_and_types(actor, api_client_for):
     assert [t["name"] for t in by_name] == ["mine"]
     assert [t["name"] for t in custom] == ["mine"]
     assert all(t["tool_type"].startswith("letta_") for t in letta)
-    assert len(letta) == 26  # Letta's whole base tool set
+    assert len(letta) == 27  # Letta's whole base tool set and this server's load_skill
     assert sorted(t["name"] for t in searched) == ["archival_memory_insert", "memory_insert"]
 
 
@@ -278,7 +278,7 @@ def test_list_costs_a_fixed_number_of_queries(actor, api_client_for, django_asse
     with django_assert_num_queries(3):  # the key with its membership, the built-ins check, the page
         response = client.get("/v1/tools/")
 
-    assert len(response.json()) == 31  # the 26 base tools and the 5 made here
+    assert len(response.json()) == 32  # the 26 base tools, load_skill and the 5 made here
 
 
 def test_retrieve_a_tool(actor, api_client_for):

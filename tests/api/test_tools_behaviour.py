@@ -322,7 +322,7 @@ def test_a_fresh_organisation_lists_lettas_whole_base_tool_set(actor, api_client
         "store_memories",
         "search_memory",
     } <= names
-    assert len(names) == 26
+    assert len(names) == 27  # and this server's load_skill
 
 
 def test_a_base_tool_not_built_yet_resolves_by_name_and_answers_an_error_saying_so(

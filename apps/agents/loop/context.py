@@ -14,6 +14,7 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apps.memory.edits import LINE_NUMBER_WARNING, render_block_with_line_numbers
@@ -30,7 +31,9 @@ __all__ = [
     "build_llm_messages",
     "compile_system_message",
     "compile_system_sections",
+    "is_skill_label",
     "render_available_skills",
+    "render_git_memory",
     "render_memory_blocks",
     "render_memory_metadata",
     "render_tool_rules",
@@ -139,14 +142,22 @@ def compile_system_sections(
     timezone: str,
     directories: str = "",
     thread: ThreadIds | None = None,
+    git_enabled: bool = False,
 ) -> SystemSections:
     """Render each section of the system message; see `compile_system_message`. `directories` comes
-    rendered (apps.folders renders Letta's `<directories>`)."""
+    rendered (apps.folders renders Letta's `<directories>`). `git_enabled`: the agent keeps its memory as
+    a git repository (tag `git-memory-enabled`), so its blocks render as Letta's memory file layout
+    (render_git_memory)."""
     zone = _zone(timezone)
     if (agent_type or "").lower() in NO_CORE_MEMORY_AGENT_TYPES:
         memory_blocks = ""
-    else:
-        memory_blocks = render_memory_blocks(blocks, show_line_numbers=show_line_numbers)
+    elif git_enabled:
+        memory_blocks = render_git_memory(blocks)
+    else:  # skills are listed in <available_skills>, not shown in full (see render_available_skills)
+        memory_blocks = render_memory_blocks(
+            [block for block in blocks if not is_skill_label(block.label)],
+            show_line_numbers=show_line_numbers,
+        )
     return SystemSections(
         system_prompt=system_prompt,
         memory_blocks=memory_blocks,
@@ -382,4 +393,120 @@ def _tree_lines(node: dict[str, object], prefix: str) -> list[str]:
         else:
             description = str(node[key] or "")
             lines.append(f"{prefix}{connector}{key}" + (f" ({description})" if description else ""))
+    return lines
+
+
+def is_skill_label(label: str) -> bool:
+    """Is a block with this label (or a file of one) a skill? Skills are listed, not rendered in full."""
+    return label.startswith(SKILL_BLOCK_PREFIX)
+
+
+# --- git memory (Letta's MemFS layout) ----------------------------------------------------------------
+
+SYSTEM_BLOCK_PREFIX = "system/"
+"""For a git-memory agent only blocks labelled `system/...` are in the prompt (the `system/` folder of its
+repository); the others are files it loads when it needs them."""
+PERSONA_LABEL = "system/persona"
+MEMORY_DIR_NOTE = (
+    "Reminder: each <projection> names the file in your memory repository that holds that memory."
+)
+
+
+def render_git_memory(blocks: Sequence[BlockSnapshot]) -> str:
+    """The memory sections of a git-memory agent, in Letta's layout: `system/persona` as `<self>`, the other
+    `system/` blocks as tags nested by their label's folders (the `system/` prefix dropped, so
+    `system/human` is `<human>`), each with its file as `<projection>`, its description and its value,
+    then `<external_projection>`: a tree of the other files (skills aside: they are listed in
+    <available_skills>). No character counts, as in Letta. "" when the agent has no `system/` block."""
+    system = [b for b in blocks if b.label.startswith(SYSTEM_BLOCK_PREFIX)]
+    if not system:
+        return ""
+    out = [MEMORY_DIR_NOTE]
+    persona = next((b for b in system if b.label == PERSONA_LABEL), None)
+    if persona is not None:
+        out.append(
+            f"<self>\n<projection>$MEMORY_DIR/{PERSONA_LABEL}.md</projection>\n{persona.value.rstrip(chr(10))}\n</self>"
+        )
+    others = [b for b in system if b.label != PERSONA_LABEL]
+    external = sorted(
+        (
+            b
+            for b in blocks
+            if b.label and not b.label.startswith(SYSTEM_BLOCK_PREFIX) and not is_skill_label(b.label)
+        ),
+        key=lambda b: b.label,
+    )
+    if not others and not external:
+        return "\n\n".join(out)
+    tree: dict[str, Any] = {}
+    for block in others:
+        parts = [part for part in block.label.removeprefix(SYSTEM_BLOCK_PREFIX).split("/") if part]
+        if not parts:
+            continue
+        node = tree
+        for part in parts[:-1]:
+            child = node.get(part)
+            node[part] = child = child if isinstance(child, dict) else {}
+            node = child
+        leaf = node.get(parts[-1])
+        node[parts[-1]] = leaf = leaf if isinstance(leaf, dict) else {}
+        leaf[_LEAF] = block
+    lines = ["<memory>", *_nested_lines(tree, 0, [])]
+    if external:
+        files: dict[str, Any] = {}
+        for block in external:
+            parts = [part for part in block.label.strip().split("/") if part]
+            if not parts:
+                continue
+            node = files
+            for part in parts[:-1]:
+                child = node.get(part)
+                node[part] = child = child if isinstance(child, dict) else {}
+                node = child
+            node[f"{parts[-1]}.md"] = None
+        lines += [
+            "<external_projection>",
+            "${MEMORY_DIR}/",
+            *_file_tree_lines(files, ""),
+            "</external_projection>",
+        ]
+    lines.append("</memory>")
+    out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+_LEAF = "\x00block"  # the block at a node of the nested tree (no label part can be this)
+
+
+def _nested_lines(node: dict[str, Any], depth: int, path: list[str]) -> list[str]:
+    pad = "  " * depth
+    lines: list[str] = []
+    for key in sorted(k for k in node if k != _LEAF):
+        child = node[key]
+        here = [*path, key]
+        lines.append(f"{pad}<{key}>")
+        block = child.get(_LEAF)
+        if block is not None:
+            lines.append(f"{pad}  <projection>$MEMORY_DIR/system/{'/'.join(here)}.md</projection>")
+            description = (block.description or "").strip().rstrip("\n")
+            if description:
+                lines.append(f"{pad}  <description>{description}</description>")
+            value = block.value.rstrip("\n")
+            if value:
+                lines.append(f"{pad}  {value}")
+        lines += _nested_lines(child, depth + 1, here)
+        lines.append(f"{pad}</{key}>")
+    return lines
+
+
+def _file_tree_lines(node: dict[str, Any], prefix: str) -> list[str]:
+    folders = sorted(k for k, v in node.items() if isinstance(v, dict))
+    files = sorted(k for k, v in node.items() if v is None)
+    ordered = [(k, True) for k in folders] + [(k, False) for k in files]
+    lines: list[str] = []
+    for index, (key, is_folder) in enumerate(ordered):
+        last = index == len(ordered) - 1
+        lines.append(f"{prefix}{'└── ' if last else '├── '}{key}{'/' if is_folder else ''}")
+        if is_folder:
+            lines += _file_tree_lines(node[key], prefix + ("    " if last else "│   "))
     return lines

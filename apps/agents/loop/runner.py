@@ -99,6 +99,7 @@ MEMORY_TOOL_NAMES = (
     "memory_rethink",
     "core_memory_append",
     "core_memory_replace",
+    "memory_apply_patch",
     "archival_memory_insert",
 )
 ARCHIVAL_WRITE_TOOLS = frozenset({"archival_memory_insert"})

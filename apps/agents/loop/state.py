@@ -34,6 +34,7 @@ from apps.llm.retry import Deadline
 from apps.llm.tokens import count_tokens
 from apps.memory.archival import agent_archival_stats
 from apps.memory.edits import should_show_line_numbers
+from apps.memory.git_memory import GIT_MEMORY_TAG
 from apps.memory.models import Block
 from apps.tools.models import Tool
 from apps.tools.rules import describe_tool_rules, parse_tool_rules
@@ -190,6 +191,7 @@ def system_sections(state: LoopState) -> SystemSections:
         timezone=state.agent.timezone or "UTC",
         directories=state.directories,
         thread=ThreadIds(state.agent.id, state.conversation_id),
+        git_enabled=GIT_MEMORY_TAG in (state.agent.tags or ()),
     )
 
 
