@@ -122,7 +122,13 @@ def send_message_to_agent_async(
 ) -> ToolResult:
     """Queue a run of the other agent with the message; the receipt comes back at once."""
     recipient = _recipient(ctx, other_agent_id)
-    run = _deliver(ctx, sender, recipient, ASYNC_PREFIX.format(sender=sender.id, message=message))
+    run = _deliver(
+        ctx,
+        sender,
+        recipient,
+        ASYNC_PREFIX.format(sender=sender.id, message=message),
+        "send_message_to_agent_async",
+    )
     _submit(run)
     return ToolResult.ok(SENT.format(agent_id=recipient.id, run_id=run.id))
 
@@ -136,7 +142,13 @@ def send_message_to_agent_and_wait_for_reply(
     inline = _may_execute_inline(ctx)
     try:
         with _waiting_on(sender.id, [recipient.id], deadline):
-            run = _deliver(ctx, sender, recipient, REPLY_PREFIX.format(sender=sender.id, message=message))
+            run = _deliver(
+                ctx,
+                sender,
+                recipient,
+                REPLY_PREFIX.format(sender=sender.id, message=message),
+                "send_message_to_agent_and_wait_for_reply",
+            )
             if not inline:
                 _submit(run)
             reply = _await_reply(ctx, run, deadline, inline=inline)
@@ -169,7 +181,7 @@ def send_message_to_agents_matching_tags(
                 replies[recipient.id] = Reply(recipient.id, error=refused[recipient.id])
                 continue
             try:
-                runs.append(_deliver(ctx, sender, recipient, text))
+                runs.append(_deliver(ctx, sender, recipient, text, "send_message_to_agents_matching_tags"))
             except DomainError as exc:
                 replies[recipient.id] = Reply(recipient.id, error=exc.message)
         for run in runs:
@@ -217,19 +229,29 @@ def _matching_agents(
     return found
 
 
-def _deliver(ctx: ToolContext, sender: Agent, recipient: Agent, text: str) -> Run:
+def _deliver(ctx: ToolContext, sender: Agent, recipient: Agent, text: str, run_type: str) -> Run:
     """Store the message as a user message of the recipient's default thread, with the run that will
-    answer it (not submitted: see _submit). Raises DomainError when the recipient cannot take it (a tool
-    call awaiting approval), its text naming the recipient."""
+    answer it (not submitted: see _submit). The run's metadata says where it came from (Letta's
+    `run_type`, the tool's name, with the sending agent and its run). Raises DomainError when the recipient
+    cannot take it (a tool call awaiting approval), its text naming the recipient."""
     from apps.agents.services import MessageIn, run_create  # services sits above this module
 
     try:
-        return run_create(
-            actor=ctx.actor,
-            agent_id=recipient.id,
-            # A system message, as Letta sends it: the receiving agent's user did not write it.
-            messages=[MessageIn(content=text, role="system", name=sender.name, sender_id=sender.id)],
-        )
+        with transaction.atomic():
+            run = run_create(
+                actor=ctx.actor,
+                agent_id=recipient.id,
+                # A system message, as Letta sends it: the receiving agent's user did not write it.
+                messages=[MessageIn(content=text, role="system", name=sender.name, sender_id=sender.id)],
+            )
+            run.metadata = {
+                **run.metadata,
+                "run_type": run_type,
+                "sender_agent_id": sender.id,
+                "sender_run_id": ctx.run_id,
+            }
+            Run.objects.unscoped().filter(id=run.id).update(metadata=run.metadata)
+            return run
     except AgentNotFound:
         raise
     except DomainError as exc:

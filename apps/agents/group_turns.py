@@ -11,9 +11,13 @@ another executor) `advance` returns DEFER and the caller tries again later witho
 (the Celery task retries with a countdown). One `advance` is one speaker: the task enqueues itself again
 for the next, so a long group turn shares the pool with other work.
 
-Cancelling (apps.agents.groups.group_turn_cancel) marks the turn cancelled under its row lock and cancels
-its current run; `advance` creates the next run under the same lock, so once a turn is cancelled no run
-starts for it.
+Moving on (take in what the speaker said, plan the next, start it) is one compare-and-set on the turn's
+current_run under its row lock (`_move_on`): Celery delivers a task at least once, and of two advances
+after the same finished run only one starts the next speaker. Cancelling (apps.agents.groups.
+group_turn_cancel) marks the turn cancelled under the same lock and cancels its current run, so once a
+turn is cancelled no run starts for it. A turn whose advance task was lost (its worker died between the
+speaker's run ending and the turn moving on) is advanced again by the periodic recovery
+(`recover_stalled_turns`).
 
 What each speaker is told (Letta's round robin): the messages of the group it has not seen yet, from
 the other agents as system messages "<name>: <text>" naming the sender (`name`, `sender_id`), the sent
@@ -27,6 +31,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import Enum
 from typing import Any
 
@@ -53,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 ACTIVE_TURN_STATUSES = (Run.Status.CREATED, Run.Status.RUNNING)
 DEFAULT_TERMINATION_TOKEN = "DONE!"
+GROUP_RUN_TYPE = "group_send_message"
+"""Run metadata `run_type` of a group speaker's run (Letta keeps a run's origin there)."""
 DRIVE_POLL_SECONDS = 0.1
 
 
@@ -83,8 +90,10 @@ def turn_actor(turn: GroupTurn) -> Actor:
 
 def advance(turn_id: str) -> Progress:
     """Move the turn on by at most one speaker: execute its current run (inline), take in what it said,
-    start the next one or end the turn. Idempotent: a turn that is over is left alone."""
-    turn = GroupTurn.all_objects.select_related("group", "current_run").filter(id=turn_id).first()
+    start the next one or end the turn. Idempotent: a turn that is over is left alone, and of two calls
+    after the same finished run (a task delivered twice, recovery racing a late task) one moves the turn
+    on and the other returns DONE (`_move_on`)."""
+    turn = GroupTurn.all_objects.select_related("current_run").filter(id=turn_id).first()
     if turn is None or turn.status not in ACTIVE_TURN_STATUSES:
         return Progress.DONE
     if turn.status == Run.Status.CREATED:
@@ -101,10 +110,28 @@ def advance(turn_id: str) -> Progress:
         run.refresh_from_db(fields=["status", "stop_reason", "error"])
         if run.status not in TERMINAL_RUN_STATUSES:
             return Progress.DEFER  # another executor has it: follow it
-    turn.refresh_from_db(fields=["status", "state", "transcript"])
-    if turn.status not in ACTIVE_TURN_STATUSES:
+    return _move_on(turn.id, run.id if run is not None else None)
+
+
+@transaction.atomic
+def _move_on(turn_id: str, finished_run_id: str | None) -> Progress:
+    """Take in the finished speaker, plan the next and start it (or end the turn), as one compare-and-set
+    on the turn's current_run under its row lock: a caller whose finished run is no longer the current
+    one lost the race to another advance (which carries the turn on) and changes nothing, and
+    group_turn_cancel, taking the same lock, comes wholly before (nothing starts) or after (it cancels
+    the run started here)."""
+    turn = GroupTurn.all_objects.select_for_update().filter(id=turn_id).first()
+    if turn is None or turn.status not in ACTIVE_TURN_STATUSES:
         return Progress.DONE
-    if run is not None:
+    if turn.current_run_id != finished_run_id:
+        return Progress.DONE  # moved on already by another advance
+    run = None
+    if finished_run_id is not None:
+        run = (
+            Run.objects.unscoped()
+            .only("id", "agent_id", "status", "stop_reason", "error")
+            .get(id=finished_run_id)
+        )
         if run.status == Run.Status.CANCELLED:
             _finish(turn, Run.Status.CANCELLED, StopReason.CANCELLED)
             return Progress.DONE
@@ -141,6 +168,48 @@ def drive(turn_id: str, *, timeout_s: float = 900.0) -> None:
                 logger.warning("agents.group_turn_not_driven", extra={"turn_id": turn_id})
                 return
             time.sleep(DRIVE_POLL_SECONDS)
+
+
+# --- recovery ---------------------------------------------------------------------------------------
+
+
+STALLED_TURN_GRACE = timedelta(seconds=30)
+"""How long a turn may stand still (its current run over, or no run yet) before recovery advances it:
+the advance that executed a run moves the turn on at once, so longer means its task was lost."""
+RESENT_MARKER_TTL = 120
+"""Seconds during which a turn whose advance recovery sent again is not sent again."""
+
+
+def stalled_turns() -> list[str]:
+    """Ids of active turns standing still for longer than STALLED_TURN_GRACE: their current run ended (or
+    they have none) and nothing moved them on."""
+    cutoff = timezone.now() - STALLED_TURN_GRACE
+    active = GroupTurn.all_objects.filter(status__in=ACTIVE_TURN_STATUSES)
+    ended = active.filter(
+        current_run__status__in=TERMINAL_RUN_STATUSES, current_run__completed_at__lt=cutoff
+    ) | active.filter(current_run__isnull=True, created_at__lt=cutoff)
+    return list(ended.values_list("id", flat=True))
+
+
+def recover_stalled_turns() -> list[str]:
+    """Periodic (apps.agents.tasks.recover_runs_task): send the advance task again for every stalled turn
+    (a worker died between a speaker's run ending and the turn moving on). Safe against a late original
+    task: `_move_on` lets one of them move the turn on. A turn sent again is left for RESENT_MARKER_TTL, so
+    a busy queue is not flooded. A speaker's run whose task was lost before it ran is executed by
+    apps.agents.recovery.requeue_lost_tasks; once it ends, the turn is stalled and comes here."""
+    from celery import current_app
+
+    from apps.streams.redis_client import get_redis
+
+    redis = get_redis()
+    sent = []
+    for turn_id in stalled_turns():
+        if not redis.set(f"group-turn-resent:{turn_id}", 1, nx=True, ex=RESENT_MARKER_TTL):
+            continue
+        current_app.send_task("agents.group_turn_advance", args=[turn_id])
+        logger.warning("agents.group_turn_recovered", extra={"turn_id": turn_id})
+        sent.append(turn_id)
+    return sent
 
 
 # --- what was said -------------------------------------------------------------------------------------
@@ -406,15 +475,11 @@ def _text(content: Any) -> str:
 # --- starting and ending -------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def _start(turn: GroupTurn, following: NextRun) -> bool:
-    """Create the next speaker's run, unless the turn was cancelled meanwhile (its row lock orders this
-    with group_turn_cancel). Returns whether it was created; a refusal of the agent ends the turn."""
+    """Create the next speaker's run and make it the turn's current one; the caller (`_move_on`) holds
+    the turn's row lock. Returns whether it was created; a refusal of the agent ends the turn."""
     from apps.agents.services import MessageIn, run_create  # services sits above this module
 
-    locked = GroupTurn.all_objects.select_for_update().filter(id=turn.id).first()
-    if locked is None or locked.status not in ACTIVE_TURN_STATUSES:
-        return False
     inputs = [
         MessageIn(
             content=m["content"],
@@ -430,19 +495,33 @@ def _start(turn: GroupTurn, following: NextRun) -> bool:
     try:
         with transaction.atomic():
             run = run_create(
-                actor=turn_actor(turn), agent_id=following.agent_id, messages=inputs, max_steps=turn.max_steps
+                actor=turn_actor(turn),
+                agent_id=following.agent_id,
+                messages=inputs,
+                max_steps=turn.max_steps,
+                stream_tokens=bool(turn.state.get("stream_tokens")),
             )
     except DomainError as exc:
         _finish(
-            locked,
+            turn,
             Run.Status.FAILED,
             StopReason.ERROR,
             error={"message": f"Agent '{following.agent_id}' cannot take the group's message: {exc.message}"},
         )
         return False
+    # Letta marks a run's origin in its metadata (run_type); these name the group turn too.
+    Run.objects.unscoped().filter(id=run.id).update(
+        metadata={
+            **run.metadata,
+            "run_type": GROUP_RUN_TYPE,
+            "group_id": turn.group_id,
+            "group_turn_id": turn.id,
+            "group_role": following.kind,
+        }
+    )
     position = GroupTurnRun.objects.filter(turn=turn).count()
     GroupTurnRun.objects.create(
-        turn=locked, run=run, position=position, kind=following.kind, carries_input=following.carries_input
+        turn=turn, run=run, position=position, kind=following.kind, carries_input=following.carries_input
     )
     state = {**turn.state, **(following.state or {})}
     GroupTurn.all_objects.filter(id=turn.id).update(current_run=run, state=state)

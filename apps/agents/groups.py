@@ -344,10 +344,12 @@ def group_turn_create(
     messages: list[dict[str, Any]],
     max_steps: int | None = None,
     background: bool = False,
+    stream_tokens: bool = False,
 ) -> GroupTurn:
     """Store a message to the group and have the group answer it (a worker drives the turn, see the module
-    docstring). `messages`: [{role, content, name?, otid?}]. Raises NotFound, InvalidInput (no messages,
-    an empty group, an unsupported type), PermissionDenied."""
+    docstring). `messages`: [{role, content, name?, otid?}]; `stream_tokens`: every speaker's run streams
+    its tokens (token deltas in its run stream). Raises NotFound, InvalidInput (no messages, an empty group,
+    an unsupported type), PermissionDenied."""
     group = group_get(actor=actor, group_id=group_id)
     permissions.require(actor, Action.AGENT_USE)
     if not messages:
@@ -369,6 +371,7 @@ def group_turn_create(
         ],
         max_steps=max_steps,
         background=background,
+        state={"stream_tokens": True} if stream_tokens else {},
         created_by_id=actor.user_id,
     )
     _submit(turn.id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
+from apps.agents.group_turns import recover_stalled_turns
 from apps.agents.loop.runner import RunDeferred, execute_run_streamed
 from apps.agents.recovery import enqueue_run, fail_orphaned_runs, note_task, requeue_lost_tasks
 from apps.agents.sleeptime import create_sleeptime_run
@@ -49,6 +50,7 @@ def recover_runs_task() -> None:
     """Periodic (beat): fail runs whose worker died; enqueue again runs whose task was lost."""
     fail_orphaned_runs()
     requeue_lost_tasks()
+    recover_stalled_turns()  # group turns whose advance task was lost
 
 
 @shared_task(name="agents.sleeptime", acks_late=True, time_limit=600)

@@ -1,5 +1,6 @@
 """The ADE's group pages: the organisation's groups, a group's shared timeline (each message marked with
-its speaker), sending to the group, the turn's partial the page polls while the group answers, cancel.
+its speaker), sending to the group, the turn's partial the page streams while the group answers (it names the current
+speaker's run; tests/ade/browser/test_groups.py follows it in a browser), cancel.
 Turns are driven in this process (`drive`, what RUN_EXECUTOR=in_process does) with the scripted LLM."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from apps.accounts.models import Organization, User
-from apps.agents.group_turns import drive
+from apps.agents.group_turns import advance, drive
 from apps.agents.groups import group_create, group_turn_create
 from apps.agents.models import Agent, Group, GroupTurn
 from apps.agents.services import BlockSpec, agent_create
@@ -24,7 +25,8 @@ from tests.support.scripted_llm import ScriptedLLM, text
 pytestmark = pytest.mark.django_db
 
 MakeAgent = Callable[..., Agent]
-POLLING = 'hx-trigger="every 1s"'
+LIVE = 'data-live="1"'
+POLLING = 'hx-trigger="every'
 
 
 def htmx_post(client: Client, url: str, data: dict[str, Any]) -> Any:
@@ -118,21 +120,22 @@ def test_sending_starts_a_turn_whose_replies_appear_marked_with_their_speakers(
     assert len(submitted) == 1  # handed to a worker once committed
     assert f'data-turn-id="{turn.id}"' in body
     assert "introduce yourselves" in body
-    assert POLLING in body  # the page polls the turn while it is in progress
+    assert LIVE in body  # the page streams the turn while it is in progress...
+    assert POLLING not in body  # ...without polling it
     assert reverse("ade:group-turn", args=[pair.id, turn.id]) in body
     assert reverse("ade:group-turn-cancel", args=[pair.id, turn.id]) in body
 
     drive(turn.id)
 
     partial = owner_client.get(reverse("ade:group-turn", args=[pair.id, turn.id])).content.decode()
-    assert POLLING not in partial  # ended: the polling stops
+    assert LIVE not in partial  # ended: nothing more to stream
     assert 'data-testid="cancel"' not in partial
     assert _said(partial) == [("Alice", "Alice here"), ("Bob", "Bob here")]
     assert partial.count("introduce yourselves") == 1
     page = owner_client.get(reverse("ade:group-detail", args=[pair.id])).content.decode()
     assert _said(page) == [("Alice", "Alice here"), ("Bob", "Bob here")]
     assert "introduce yourselves" in page
-    assert POLLING not in page
+    assert LIVE not in page
 
 
 def test_an_empty_message_is_refused_and_starts_nothing(owner_client: Client, pair: Group) -> None:
@@ -143,12 +146,17 @@ def test_an_empty_message_is_refused_and_starts_nothing(owner_client: Client, pa
     assert not GroupTurn.all_objects.filter(group=pair).exists()
 
 
-def test_the_page_polls_a_turn_in_progress_and_cancel_ends_it(
+def test_the_page_streams_the_current_speakers_run_and_cancel_ends_the_turn(
     owner_client: Client, actor: Actor, pair: Group
 ) -> None:
     turn = group_turn_create(actor=actor, group_id=pair.id, messages=[{"content": "take your time"}])
+    advance(turn.id)  # the first speaker's run is created
+    turn.refresh_from_db()
     page = owner_client.get(reverse("ade:group-detail", args=[pair.id])).content.decode()
-    assert POLLING in page
+    assert LIVE in page
+    assert f'data-run-id="{turn.current_run_id}"' in page
+    assert 'data-speaker="Alice"' in page
+    assert "ade/group.js" in page
     assert 'data-testid="cancel"' in page
     assert "take your time" in page
 
@@ -158,7 +166,7 @@ def test_the_page_polls_a_turn_in_progress_and_cancel_ends_it(
     body = response.content.decode()
     assert response.status_code == 200
     assert (turn.status, turn.stop_reason) == ("cancelled", "cancelled")
-    assert POLLING not in body
+    assert LIVE not in body
     assert 'data-testid="cancel"' not in body
     assert 'data-testid="stop-reason"' in body
 

@@ -97,7 +97,7 @@ def lock_held_elsewhere(agent: Agent, then: Callable[[], None] | None = None) ->
 
 @pytest.mark.django_db(transaction=True)
 def test_the_reply_of_the_other_agent_is_the_tool_result_and_its_message_names_the_sender(
-    sender, make_agent, send, llm
+    sender, make_agent, send, llm, api_client_for, actor
 ):
     other = make_agent(name="Oracle")
     llm.push(
@@ -116,6 +116,12 @@ def test_the_reply_of_the_other_agent_is_the_tool_result_and_its_message_names_t
     assert (received.sender_id, received.name) == (sender.id, "Asker")
     assert [(r.status, r.stop_reason) for r in runs_of(other)] == [("completed", "end_turn")]
     assert llm.chat_requests()[1]["messages"][-1] == {"role": "user", "content": received.text}
+    [asking] = runs_of(sender)
+    assert api_client_for(actor).get(f"/v1/runs/{runs_of(other)[0].id}").json()["metadata"] == {
+        "run_type": WAIT,
+        "sender_agent_id": sender.id,
+        "sender_run_id": asking.id,
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -366,6 +372,7 @@ def test_an_async_message_queues_a_run_of_the_other_agent_and_returns_a_receipt(
     )
     assert queued.status == "created"
     assert enqueued == [(queued.id, other.id, None)]
+    assert queued.metadata["run_type"] == ASYNC
     [received] = incoming(other)
     assert received.text == (
         f"[Incoming message from agent with ID '{sender.id}' - to reply to this message, make sure to use the "
@@ -404,6 +411,7 @@ def test_tag_matching_reaches_agents_with_all_of_one_list_and_some_of_the_other(
     ]
     assert [len(incoming(a)) for a in (red, blue, plain, outsider, sender)] == [1, 1, 0, 0, 0]
     assert incoming(red)[0].text == reply_prefix(sender) + "status?"
+    assert [runs_of(a)[0].metadata["run_type"] for a in (red, blue)] == [TAGS, TAGS]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,8 +1,9 @@
 """ADE: groups of agents (Letta's multi-agent groups). The organisation's groups, and a group page: the
 shared timeline (every message marked with the agent that said it), a composer that sends a message to the
-group, and the turn it starts, which the page follows by polling its partial (HTMX, every second while the
-turn is in progress; the last rendering, once it ended, has no trigger and the polling stops). Cancel stops
-the turn as a whole (group_turn_cancel)."""
+group, and the turn it starts, which the page streams (static/ade/group.js): it follows the current
+speaker's run over the run WebSocket relay (apps.ade.consumers, as the conversation column does) and, when
+that run ends, takes the turn's partial again, which names the next speaker's run, until the turn is over.
+Cancel stops the turn as a whole (group_turn_cancel)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from apps.core.pagination import PageParams
 
 GROUP_LIST_LIMIT = 100
 HISTORY_LIMIT = 200
-POLL_TRIGGER = "every 1s"
 
 
 @dataclass
@@ -46,6 +46,12 @@ class TurnView:
 
     turn: GroupTurn
     events: list[dict[str, Any]] = field(default_factory=list)
+    speaker: str = ""  # the name of the agent whose run is the turn's current one (the page streams it)
+    speaker_id: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.turn.current_run_id or ""
 
     @property
     def live(self) -> bool:
@@ -101,7 +107,9 @@ def _turn_view(actor: Actor, group: Group, turn: GroupTurn) -> TurnView:
             if m.get("role", "user") == "user"
         ]
         events = sent + events
-    return TurnView(turn=turn, events=events)
+    speaker_id = turn.current_run.agent_id if turn.current_run_id and turn.current_run else ""
+    speaker = _names(actor, {speaker_id}).get(speaker_id, "") if speaker_id else ""
+    return TurnView(turn=turn, events=events, speaker=speaker, speaker_id=speaker_id)
 
 
 def _group_row(group: Group, names: dict[str, str]) -> dict[str, Any]:
@@ -142,7 +150,6 @@ def group_detail(request: AdeRequest, group_id: str) -> HttpResponse:
         "events": _events(history),
         "turns": [_turn_view(actor, group, turn) for turn in active],
         "form_values": {"text": ""},
-        "poll_trigger": POLL_TRIGGER,
     }
     return render(request, "ade/groups/detail.html", context)
 
@@ -150,14 +157,16 @@ def group_detail(request: AdeRequest, group_id: str) -> HttpResponse:
 @require_POST
 @ade_view
 def group_send(request: AdeRequest, group_id: str) -> HttpResponse:
-    """Send a message to the group: answers the new turn's partial, which then polls itself."""
+    """Send a message to the group: answers the new turn's partial, which the page then streams."""
     actor = request.actor
     group = group_get(actor=actor, group_id=group_id)
     form = GroupMessageForm(request.POST)
     if not form.is_valid():
         return error_response(request, form.first_error, status=422)
     try:
-        turn = group_turn_create(actor=actor, group_id=group.id, messages=form.as_messages())
+        turn = group_turn_create(
+            actor=actor, group_id=group.id, messages=form.as_messages(), stream_tokens=True
+        )
     except DomainError as exc:
         return error_response(request, exc, status=refusal_status(exc))
     return _render_turn(request, group, turn)
@@ -166,7 +175,7 @@ def group_send(request: AdeRequest, group_id: str) -> HttpResponse:
 @require_GET
 @ade_view
 def group_turn(request: AdeRequest, group_id: str, turn_id: str) -> HttpResponse:
-    """The turn's partial (what the page polls while the turn is in progress)."""
+    """The turn's partial: what it looks like now, and whose run to stream next while it is in progress."""
     group = group_get(actor=request.actor, group_id=group_id)
     turn = group_turn_get(actor=request.actor, turn_id=turn_id, group_id=group.id)
     return _render_turn(request, group, turn)
@@ -184,7 +193,7 @@ def group_turn_cancel_view(request: AdeRequest, group_id: str, turn_id: str) -> 
 
 
 def _render_turn(request: AdeRequest, group: Group, turn: GroupTurn) -> HttpResponse:
-    context = {"group": group, "tv": _turn_view(request.actor, group, turn), "poll_trigger": POLL_TRIGGER}
+    context = {"group": group, "tv": _turn_view(request.actor, group, turn)}
     return render(request, "ade/groups/_turn.html", context)
 
 

@@ -159,6 +159,7 @@ class GroupSendApiView(MessageSendApiView):
             messages=_send_inputs(send),
             max_steps=send.max_steps,
             background=background,
+            stream_tokens=bool(send.stream_tokens),
         )
         return turn, send
 
