@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint format check migrations shell clean
+.PHONY: run test bench bench-hosts lint format check migrations shell clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)  ## the whole test suite against real PostgreSQL+pgvector and Red
 
 bench: $(STAMP)  ## benchmarks (prints a table, writes bench/results/)
 	$(PY) scripts/devenv.py bench
+
+bench-hosts: $(STAMP)  ## turns/s with one and with two worker hosts, same cores (bench/worker_hosts.py)
+	echo "$(PY) -m bench.worker_hosts" | DATA_DIR=$${DATA_DIR:-var}/bench-hosts $(PY) scripts/devenv.py shell
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -317,6 +317,47 @@ def test_a_stopped_worker_hands_back_a_run_that_outlasts_the_timeout_and_it_resu
     assert in_context.count() == 4  # each of the run's messages once in the conversation
 
 
+@pytest.mark.parametrize("shutdown_queue_worker", [(1, "threads")], indirect=True)
+def test_a_stopped_worker_hands_back_the_run_it_executes_inline_for_a_wait_for_reply(
+    make_agent, actor, llm, shutdown_queue_worker, celery_worker
+):
+    """send_message_to_agent_and_wait_for_reply executes the other agent's run inline, in the sender's task:
+    a stop hands both back (not only the task's own run), and another worker completes both."""
+    asker = make_agent(name="Asker", embedding="", tools=["send_message_to_agent_and_wait_for_reply"])
+    helper = make_agent(name="Helper", embedding="")
+    llm.push(
+        tool_calls(
+            tool_call(
+                "send_message_to_agent_and_wait_for_reply",
+                {"message": "capital of France?", "other_agent_id": helper.id},
+            )
+        ),
+        text("never delivered", latency=30, when_last_user_contains="Incoming message from agent"),
+    )
+    run = start_on_shutdown_queue(actor, asker, "ask the helper")
+    wait_until(lambda: len(llm.chat_requests()) == 2, what="the helper's inline run waits for the model")
+    [inline] = Run.all_objects.filter(agent_id=helper.id)
+    assert inline.status == Run.Status.RUNNING
+    llm.configure(strict=False, default_turn={"content": "Paris."})
+
+    shutdown_queue_worker.process.send_signal(signal.SIGTERM)
+    code, took = wait_for_exit(shutdown_queue_worker.process, timeout=30)
+    log = shutdown_queue_worker.log.read_text()
+    done = (Run.Status.COMPLETED, Run.Status.FAILED, Run.Status.CANCELLED)
+    wait_until(
+        lambda: all(r.status in done for r in Run.all_objects.filter(agent_id__in=[asker.id, helper.id])),
+        what="both resumed and ended",
+    )
+
+    assert code == 0
+    assert took < 5
+    handed = log.split("agents.shutdown_handed_back runs=", 1)[1].split()[0].split(",")
+    assert sorted(handed) == sorted([run.id, inline.id])
+    inline.refresh_from_db()
+    assert (inline.status, inline.error) == (Run.Status.COMPLETED, None)  # resumed, not failed as lost
+    assert Run.all_objects.get(id=run.id).status == Run.Status.COMPLETED
+
+
 def test_make_run_stops_gracefully_on_sigterm_letting_the_turn_in_flight_finish(scripted_server, llm):
     data_dir = ROOT / "var" / f"make-run-stop-{os.getpid()}"
     data_dir.mkdir(parents=True)

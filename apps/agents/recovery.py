@@ -19,9 +19,10 @@ again whose task is lost once more waits twice as long before the next time (`re
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import current_app
+from django.db import connection
 from django.utils import timezone
 
 from apps.agents.locks import conversation_is_locked
@@ -38,6 +39,10 @@ REQUEUE_MAX_DELAY = 1800
 """The longest, in seconds, recovery waits before enqueueing one run again (the backoff's cap)."""
 REQUEUE_COUNT_TTL = 24 * 3600
 WORKER_LOST = "The worker executing this run stopped (crashed or was killed); the run did not finish."
+DATABASE_RESTARTED = (
+    "The database restarted while this run was executing, which ended its worker's session; "
+    "the run did not finish. Send the message again."
+)
 
 
 def fail_orphaned_runs(*, agent_id: str | None = None, exclude_run_id: str | None = None) -> list[str]:
@@ -48,9 +53,12 @@ def fail_orphaned_runs(*, agent_id: str | None = None, exclude_run_id: str | Non
     if exclude_run_id is not None:
         running = running.exclude(id=exclude_run_id)
     failed = []
-    for run in running.only("id", "agent_id", "conversation_id"):
+    restarted_at = None
+    for run in running.only("id", "agent_id", "conversation_id", "started_at"):
         if conversation_is_locked(run.agent_id, run.conversation_id):
             continue
+        if restarted_at is None:
+            restarted_at = database_started_at()
         updated = (
             Run.objects.unscoped()
             .filter(id=run.id, status=Run.Status.RUNNING)
@@ -58,14 +66,30 @@ def fail_orphaned_runs(*, agent_id: str | None = None, exclude_run_id: str | Non
                 status=Run.Status.FAILED,
                 stop_reason=StopReason.ERROR,
                 completed_at=timezone.now(),
-                error={"message": WORKER_LOST},
+                error={"message": lost_reason(run, restarted_at)},
             )
         )
         if updated:
-            end_stream(run.id, status=Run.Status.FAILED, stop_reason=StopReason.ERROR)
+            # As the stream's newest writer: the run's executor, if it comes back, appends nothing more.
+            end_stream(run.id, status=Run.Status.FAILED, stop_reason=StopReason.ERROR, fence=True)
             logger.warning("agents.run_orphaned", extra={"run_id": run.id})
             failed.append(run.id)
     return failed
+
+
+def database_started_at() -> datetime:
+    """When the PostgreSQL server started (its postmaster): a run started before it lost its session."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        return cursor.fetchone()[0]
+
+
+def lost_reason(run: Run, restarted_at: datetime | None) -> str:
+    """Why the run's executor went away, as far as the database can tell: a database restart since the run
+    started ended every session (the worker may well be alive), else the worker itself stopped."""
+    if restarted_at is not None and run.started_at is not None and run.started_at < restarted_at:
+        return DATABASE_RESTARTED
+    return WORKER_LOST
 
 
 def hand_back_runs(run_ids: list[str]) -> list[str]:

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.agents.recovery import hand_back_runs
+from apps.core import fencing
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,15 @@ _watchdogs: list[threading.Thread] = []
 
 
 def executing_run_ids() -> list[str]:
-    """The runs whose task this worker is executing now (its pool's active requests: threads or
-    processes, as the main process sees them)."""
+    """The runs this worker is executing now: those whose task it holds (its pool's active requests:
+    threads or processes, as the main process sees them) and, with the threads pool, every run its
+    threads execute, the inline ones too (a wait-for-reply message's, a group speaker's: apps.core.fencing)."""
     from celery.worker import state
 
-    return sorted(
-        {str(request.args[0]) for request in list(state.active_requests) if request.name == EXECUTE_RUN_TASK}
-    )
+    queued = {
+        str(request.args[0]) for request in list(state.active_requests) if request.name == EXECUTE_RUN_TASK
+    }
+    return sorted(queued | set(fencing.executing_run_ids()))
 
 
 def start_watchdog(how: str) -> threading.Thread | None:

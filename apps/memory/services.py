@@ -11,7 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.core import permissions
+from apps.core import fencing, permissions
 from apps.core.actor import Actor
 from apps.core.db import insert_sql, mark_saved
 from apps.core.errors import InvalidInput
@@ -207,6 +207,10 @@ def block_write_read_value(
         if attached_to
         else ""
     )
+    # Written on a run's behalf (a memory tool): only while the run is still held under its lease.
+    fence, fence_params = fencing.lease_condition()
+    if fence:
+        still_attached += f" AND {fence}"
     statement = (
         f'WITH updated AS (UPDATE {Block._meta.db_table} SET "version" = "version" + 1, {assignments} '
         f'WHERE "id" = %s AND "organization_id" = %s AND "version" = %s{still_attached} RETURNING 1), '
@@ -219,6 +223,7 @@ def block_write_read_value(
         block.organization_id,
         block.version,
         *attachment_params,
+        *fence_params,
         *insert_params,
     ]
     with connection.cursor() as cursor:

@@ -51,12 +51,80 @@ def append_events(run_id: str, events: list[dict[str, Any]]) -> list[str]:
     return [str(entry_id) for entry_id in pipe.execute()[:-1]]
 
 
+def owner_key(run_id: str) -> str:
+    return f"run-events-owner:{run_id}"
+
+
+class StreamFenced(Exception):
+    """The run's stream has a newer writer (another executor claimed the run, or recovery ended it) since
+    this one took it: nothing this writer appends is stored any more."""
+
+
+# Fenced appends: the stream's owner (a hash: lease, generation) is the writer with the newest generation
+# (the time its claim was made, ms). A writer under the owner's lease appends; a writer with a newer
+# generation takes the stream over and appends; any other writer (an executor cut off while the run was
+# failed or claimed again, coming back) is refused with nothing appended. One round trip, atomic.
+_FENCED_APPEND = """
+local owner = redis.call('HMGET', KEYS[2], 'lease', 'generation')
+if owner[1] ~= ARGV[1] then
+  if owner[2] and tonumber(owner[2]) >= tonumber(ARGV[2]) then
+    return false
+  end
+  redis.call('HSET', KEYS[2], 'lease', ARGV[1], 'generation', ARGV[2])
+end
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local ids = {}
+for i = 5, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'data', ARGV[i])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return ids
+"""
+_fenced_append_script: Any = None
+
+
+def append_events_fenced(
+    run_id: str, events: list[dict[str, Any]], *, lease: str, generation: int
+) -> list[str]:
+    """append_events for a writer holding the run under `lease`, taken at `generation` (ms); raises
+    StreamFenced (nothing appended) when a writer with a newer generation has taken the stream since.
+
+    Generations are the writers' clocks: hosts' clocks must agree to well within the time recovery takes
+    to end a lost run (seconds), which NTP gives. A Redis that lost its data (no persistence) forgets the
+    owner; the next writer takes the stream, and the newest writer still wins from then on."""
+    global _fenced_append_script
+    if not events:
+        return []
+    if _fenced_append_script is None:
+        _fenced_append_script = get_redis().register_script(_FENCED_APPEND)
+    ids = _fenced_append_script(
+        keys=[stream_key(run_id), owner_key(run_id)],
+        args=[
+            lease,
+            generation,
+            STREAM_TTL_SECONDS,
+            STREAM_MAX_EVENTS,
+            *(json.dumps(event, default=str) for event in events),
+        ],
+    )
+    if ids is None:
+        raise StreamFenced(run_id)
+    return [str(entry_id) for entry_id in ids]
+
+
 def end_event(run_id: str, *, status: str, stop_reason: str) -> dict[str, Any]:
     return {"message_type": END_EVENT, "run_id": run_id, "status": status, "stop_reason": stop_reason}
 
 
-def end_stream(run_id: str, *, status: str, stop_reason: str) -> str:
-    return append_event(run_id, end_event(run_id, status=status, stop_reason=stop_reason))
+def end_stream(run_id: str, *, status: str, stop_reason: str, fence: bool = False) -> str:
+    """Close the run's stream. fence (crash recovery ending a run it failed): as the stream's newest
+    writer, so the run's old executor, coming back, appends nothing after the end."""
+    event = end_event(run_id, status=status, stop_reason=stop_reason)
+    if fence:
+        return append_events_fenced(run_id, [event], lease="ended", generation=time.time_ns() // 1_000_000)[
+            -1
+        ]
+    return append_event(run_id, event)
 
 
 def cancel_key(run_id: str) -> str:
@@ -123,13 +191,26 @@ class RedisStreamSink:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.ended = False
+        self.lease = ""
+        self.generation = 0
+
+    def hold(self, lease: str, generation: int) -> None:
+        """The executor claimed the run under `lease` at `generation` (ms): from now on its events are
+        fenced (append_events_fenced) and StreamFenced says it lost the run."""
+        self.lease, self.generation = lease, generation
+
+    def _append(self, events: list[dict[str, Any]]) -> None:
+        if self.lease:
+            append_events_fenced(self.run_id, events, lease=self.lease, generation=self.generation)
+        else:
+            append_events(self.run_id, events)
 
     def emit(self, event: dict[str, Any]) -> None:
-        append_event(self.run_id, event)
+        self._append([event])
 
     def emit_many(self, events: list[dict[str, Any]]) -> None:
-        append_events(self.run_id, events)
+        self._append(events)
 
     def finish(self, events: list[dict[str, Any]], *, status: str, stop_reason: str) -> None:
-        append_events(self.run_id, [*events, end_event(self.run_id, status=status, stop_reason=stop_reason)])
+        self._append([*events, end_event(self.run_id, status=status, stop_reason=stop_reason)])
         self.ended = True

@@ -9,8 +9,10 @@ Bounds, with the cluster's DATABASE_TCP_TIMEOUT (T = 6 s) and RUN_RECOVERY_INTER
 - a worker host lost mid-run (power off, or cut off from PostgreSQL and Redis): PostgreSQL ends its session,
   and so releases the conversation's lock, within T; recovery fails the run within R more. Asserted:
   lock free within T + 3 s, run ended within T + 2R + 3 s of the fault.
-- PostgreSQL or Redis restarted: every run in flight ends within the restart's duration + 2R + 5 s.
-- a web host restarted: SSE clients resume from their cursor on the other web host at once.
+- PostgreSQL or Redis restarted: every run in flight ends within the restart's duration + 2R + 5 s; a run
+  failed by a PostgreSQL restart says so (recovery.DATABASE_RESTARTED); both worker hosts consume again.
+- a web host restarted: SSE clients resume from their cursor on the other web host at once; one that
+  vanishes silently (link down: no FIN, no RST), within the clients' read timeout (30 s) + 5 s.
 
 Not waited for (they are recovery's lost-task bound, TASK_MARKER_TTL = 120 s after the send, and
 LOST_TASK_GRACE = 60 s; apps/agents/recovery.py): a run whose task is lost before any worker claimed it.
@@ -262,8 +264,8 @@ def test_a_worker_cut_off_mid_run_releases_the_conversation_and_writes_nothing_w
     assert fact_of("cut-first") not in shared_block_value(cluster, shared_block)
     assert run_row(cluster, first.run_id) == row  # still failed, as recovery left it
     assert stream_kinds(api, str(first.run_id)) == replay_before  # what clients read is unchanged
-    late = events_after_the_end(cluster, str(first.run_id))
-    cluster.note("2. worker cut off", f"events it appended to the run's Redis stream after its end: {late}")
+    # Stream fencing: recovery's end made it the stream's newest writer, so the worker appended nothing.
+    assert events_after_the_end(cluster, str(first.run_id)) == []
     finish(cluster, traffic, shared_block, first, second)
 
 
@@ -313,29 +315,48 @@ def test_runs_in_flight_end_and_later_messages_work_after_a_restart_of(
         # Queued meanwhile if the workers are starting again (a Redis restart can make them exit).
         assert api.wait_run(str(later[-1].run_id), 90, web=web)["status"] == "completed"
     restored = time.time() - restarted_at
+    # Both worker hosts serve again (a Redis restart can make a worker exit: its supervisor restarts it).
+    for worker in WORKERS:
+        wait_until(functools.partial(cluster.worker_answers, worker), 90, f"{worker} is back on the broker")
+    recovered = time.time() - restarted_at
 
     name = f"3. {'Redis' if service == 'redis' else 'PostgreSQL'} restart"
     cluster.record(name, f"{service} away (kill -9, start on the same data)", away)
     cluster.record(name, f"all {len(in_flight)} runs in flight ended", longest, bound)
     cluster.record(name, "messages through both web hosts complete again", restored)
+    cluster.record(name, "both worker hosts consume again", recovered)
     row = run_row(cluster, first.run_id)
     cluster.note(
         name, f"the scenario's run in flight: {row.status}, {(row.error or {}).get('message', '')!r}"
     )
     assert ended["status"] in ("completed", "failed")
     assert ended["status"] == "completed" or (row.error or {}).get("message")
+    failed_reasons = {
+        message
+        for (message,) in cluster.query(
+            "SELECT error->>'message' FROM agents_run WHERE id = ANY(%s) AND status = 'failed'", [in_flight]
+        )
+    }
+    if service == "postgres":  # what happened, not a worker that "stopped": the database's restart
+        assert WORKER_LOST not in failed_reasons, failed_reasons
+        cluster.note(name, f"reasons of the runs it failed: {sorted(failed_reasons)}")
     finish(cluster, traffic, shared_block, first, *later)
 
 
 # --- 4. a web host restarts while SSE clients stream ------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["kill", "sigterm"])
+SSE_READ_TIMEOUT = 30.0
+"""The SSE clients' read timeout (clients.SseReader): how long a client waits on a silent connection (a
+live stream sends a ping at least every few seconds) before it resumes elsewhere."""
+
+
+@pytest.mark.parametrize("how", ["kill", "sigterm", "vanish"])
 def test_sse_clients_resume_from_their_cursor_on_the_other_web_host_when_theirs_restarts(
     how: str, healthy: Cluster, api: Api, llm: ScriptedLLMServer, traffic: Traffic, shared_block: str
 ) -> None:
     cluster = healthy
-    leaving = "web1" if how == "kill" else "web2"
+    leaving = "web1" if how in ("kill", "vanish") else "web2"
     readers = []
     for index in range(3):
         agent = api.create_agent(f"sse-{how}-{index}", block_ids=[shared_block])
@@ -351,23 +372,32 @@ def test_sse_clients_resume_from_their_cursor_on_the_other_web_host_when_theirs_
     if how == "kill":
         cluster.crash(leaving)  # every process, -9; the host itself stays up and closes their connections
         cluster.power_on(leaving)
+    elif how == "vanish":
+        cluster.power_off(leaving)  # link down first: no FIN, no RST; the clients only hear silence
     else:
         cluster.restart_web(leaving)  # it drains: streams are cut after WEB_SHUTDOWN_TIMEOUT (1 s)
     back = time.time() - restarted_at
     for reader in readers:
-        reader.join(timeout=60)
+        reader.join(timeout=SSE_READ_TIMEOUT + 60)
+    if how == "vanish":
+        cluster.power_on(leaving)
+        back = time.time() - restarted_at
     check = f"sse-{how}-back"
     llm.state.push([text("Back.", when_last_user_contains=check)])
     served = api.wait_run(str(send(api, readers[0].agent_id, check, web=leaving).run_id), 30, web=leaving)
 
-    name = f"4. web host {'killed' if how == 'kill' else 'stopped (SIGTERM)'}"
+    name = (
+        "4. web host "
+        + {"kill": "killed", "sigterm": "stopped (SIGTERM)", "vanish": "vanished silently"}[how]
+    )
     cuts = [r.cut_at - restarted_at for r in readers if r.cut_at is not None]
     # How late the first message after the resume reached its client, counted from when it was made.
     lags = [
         at - datetime.fromisoformat(item["date"]).timestamp()
         for at, item in (r.first_resumed for r in readers if r.first_resumed)
     ]
-    cluster.record(name, "SSE clients saw their stream cut (longest)", max(cuts, default=-1.0))
+    cut_bound = SSE_READ_TIMEOUT + 5.0 if how == "vanish" else None
+    cluster.record(name, "SSE clients saw their stream cut (longest)", max(cuts, default=-1.0), cut_bound)
     cluster.record(name, "first message after the resume, delivery lag (longest)", max(lags, default=-1.0))
     cluster.record(name, "web host serving again", back)
     for reader in readers:
@@ -381,6 +411,8 @@ def test_sse_clients_resume_from_their_cursor_on_the_other_web_host_when_theirs_
         assert {"message_type": "stop_reason", "stop_reason": "end_turn"} in reader.items
         assert sorted(streamed) == sorted(row[0] for row in produced)  # each message once, none lost
     assert (len(cuts), len(lags)) == (len(readers), len(readers))
+    if cut_bound is not None:  # silence is noticed by the client's read timeout, then it resumes at once
+        assert max(cuts) <= cut_bound
     assert served["status"] == "completed"
     finish(cluster, traffic, shared_block)
 
