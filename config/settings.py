@@ -258,6 +258,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "folders.recover_files",
         "schedule": env.float("RUN_RECOVERY_INTERVAL", default=15.0),
     },
+    "prune-llm-calls": {  # LLM call records past their organisation's retention (apps.llm.records)
+        "task": "llm.prune_llm_calls",
+        "schedule": env.float("LLM_RECORD_PRUNE_INTERVAL", default=3600.0),
+    },
 }
 
 # LLM providers from the environment; organisation credentials (apps.llm.Provider) take precedence.
@@ -274,6 +278,10 @@ LLM_CLIENT = env.str("LLM_CLIENT", default="direct")
 if LLM_CLIENT not in {"direct", "litellm"}:
     raise ImproperlyConfigured(f"LLM_CLIENT must be 'direct' or 'litellm', not {LLM_CLIENT!r}")
 LLM_EMBEDDING_BATCH_SIZE = env.int("LLM_EMBEDDING_BATCH_SIZE", default=100)
+# LLM call records (apps.llm.records): days kept unless an organisation sets its own (LlmRecordPolicy),
+# and the most of each request and response body kept (longer ones are cut, and the record says so).
+LLM_RECORD_RETENTION_DAYS = env.int("LLM_RECORD_RETENTION_DAYS", default=30)
+LLM_RECORD_MAX_BYTES = env.int("LLM_RECORD_MAX_BYTES", default=1024 * 1024)
 
 LOGGING = {
     "version": 1,

@@ -8,6 +8,7 @@ from apps.ade.views import (
     git_memory,
     groups,
     invitations,
+    llm_calls,
     runs,
     tools,
     workspace,
@@ -24,6 +25,7 @@ urlpatterns = [
     *tools.urlpatterns,
     *folders.urlpatterns,
     *runs.urlpatterns,
+    *llm_calls.urlpatterns,
     *groups.urlpatterns,
     *git_memory.urlpatterns,
 ]

@@ -241,6 +241,9 @@ class Run(OrgOwnedModel):
         return f"{self.id} ({self.status})"
 
 
+FEEDBACK_NOTE_MAX_CHARS = 2000
+
+
 class Step(OrgOwnedModel):
     """One LLM call of a run and its outcome."""
 
@@ -271,6 +274,8 @@ class Step(OrgOwnedModel):
     reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     feedback = models.CharField(max_length=16, choices=Feedback.choices, blank=True, default="")
+    # A person's words with the thumbs up/down (an extension: Letta's feedback has none), for datasets.
+    feedback_note = models.TextField(blank=True, default="", max_length=FEEDBACK_NOTE_MAX_CHARS)
     tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     error_type = models.CharField(max_length=200, blank=True, default="")
     error_data = models.JSONField(null=True, blank=True)

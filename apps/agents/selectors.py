@@ -926,3 +926,27 @@ def agent_context_overview(
         message_count=len(state.in_context),
         tool_names=tuple(allowed),
     )
+
+
+def run_token_turns(*, actor: Actor, run_id: str) -> list[dict[str, Any]]:
+    """Letta's `turns` of a send that asked for return_token_ids: each LLM call's output token ids and
+    logprobs, and the tool results after it (apps.agents.trajectories)."""
+    from apps.agents.trajectories import run_turns
+
+    return run_turns(actor=actor, run_id=run_id)
+
+
+def run_dataset_rows(
+    *,
+    actor: Actor,
+    agent_id: str | None = None,
+    since: Any = None,
+    until: Any = None,
+    feedback: str | None = None,
+    limit: int = 100,
+) -> Any:
+    """The organisation's finished runs as dataset rows, streamed (apps.agents.trajectories.export_runs)."""
+    from apps.agents.trajectories import ExportFilter, export_runs
+
+    where = ExportFilter(agent_id=agent_id, since=since, until=until, feedback=feedback, limit=limit)
+    return export_runs(actor=actor, where=where)

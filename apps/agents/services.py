@@ -47,6 +47,7 @@ from apps.agents.loop.runner import (
     execute_run_streamed,
 )
 from apps.agents.models import (
+    FEEDBACK_NOTE_MAX_CHARS,
     Agent,
     AgentSecret,
     AgentTool,
@@ -76,6 +77,7 @@ from apps.core.db import insert_all, release_pooled_connection, row_reader
 from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
 from apps.llm import client as llm_client
+from apps.llm import services as llm_services
 from apps.llm.errors import UnknownModelHandle
 from apps.llm.handles import resolve_model
 from apps.llm.retry import CallBounds
@@ -710,7 +712,9 @@ def agent_delete(*, actor: Actor, agent_id: str) -> None:
     PermissionDenied."""
     agent = agent_get(actor=actor, agent_id=agent_id)
     require_agent_permission(actor, agent, Action.AGENT_DELETE)
-    agent.delete()
+    with transaction.atomic():
+        agent.delete()
+        llm_services.llm_calls_forget_agents(organization_id=agent.organization_id, agent_ids=[agent_id])
 
 
 def agent_reset_messages(*, actor: Actor, agent_id: str) -> Agent:
@@ -955,6 +959,7 @@ def run_create(
     include_compaction_messages: bool = False,
     return_logprobs: bool = False,
     top_logprobs: int | None = None,
+    return_token_ids: bool = False,
 ) -> Run:
     """Persist the input (user messages and/or an approval decision) and a Run that will process it.
 
@@ -1021,6 +1026,7 @@ def run_create(
         "include_compaction_messages": include_compaction_messages or None,
         "return_logprobs": return_logprobs or None,
         "top_logprobs": top_logprobs if return_logprobs else None,
+        "return_token_ids": return_token_ids or None,  # each call's output token ids (LlmCall), as `turns`
     }
 
     run = Run(
@@ -1264,10 +1270,13 @@ def _collected_from_database(*, actor: Actor, run: Run) -> CollectedRun:
 
 
 @transaction.atomic
-def step_set_feedback(*, actor: Actor, step_id: str, feedback: Any = UNSET, tags: Any = UNSET) -> Step:
-    """Record or clear (None) a person's thumbs up/down on a step; tags, when given, replace the step's.
+def step_set_feedback(
+    *, actor: Actor, step_id: str, feedback: Any = UNSET, tags: Any = UNSET, note: Any = UNSET
+) -> Step:
+    """Record or clear (None) a person's thumbs up/down on a step; tags, when given, replace the step's;
+    `note` (None or "" clears it) is their words with it (at most FEEDBACK_NOTE_MAX_CHARS).
 
-    Raises NotFound, also for another organisation's step."""
+    Raises NotFound, also for another organisation's step; InvalidInput for a note too long."""
     step = Step.objects.for_actor(actor).select_for_update().filter(id=step_id).first()
     if step is None:
         raise NotFound(f"Step with id '{step_id}' not found")
@@ -1280,6 +1289,11 @@ def step_set_feedback(*, actor: Actor, step_id: str, feedback: Any = UNSET, tags
     if tags is not UNSET:
         step.tags = sorted(set(tags or []))
         fields.append("tags")
+    if note is not UNSET:
+        if note and len(note) > FEEDBACK_NOTE_MAX_CHARS:
+            raise InvalidInput(f"note: at most {FEEDBACK_NOTE_MAX_CHARS} characters")
+        step.feedback_note = note or ""
+        fields.append("feedback_note")
     step.save(update_fields=fields)
     return step
 

@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from apps.llm import openai_wire
+from apps.llm import openai_wire, records
 from apps.llm._litellm import litellm, tenant_litellm_handler
 from apps.llm.errors import InvalidLLMResponse, told_to_tenant
 from apps.llm.handles import ModelTarget
@@ -56,6 +56,9 @@ class ChatRequest:
     # Log probabilities of the output tokens (OpenAI's `logprobs`, with `top_logprobs` alternatives each).
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # The output's token ids, as vLLM and SGLang's OpenAI-compatible servers return them when the body
+    # carries `return_token_ids` (choice.token_ids; Letta's `return_token_ids`).
+    return_token_ids: bool | None = None
     # The JSON text of each of `messages` (encode_message), when the caller keeps it: a step resends
     # hundreds of unchanged messages, and the OpenAI-wire body then encodes only what is new.
     messages_json: list[str] | None = None
@@ -91,6 +94,8 @@ class ChatResponse:
     # The choice's `logprobs` ({content: [{token, logprob, bytes, top_logprobs}], refusal}) when asked for
     # and the provider returned them.
     logprobs: dict[str, Any] | None = field(default=None, repr=False)
+    # The output's token ids (choice.token_ids) when asked for (return_token_ids) and returned.
+    token_ids: list[int] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +139,27 @@ def complete(
             return _dump(litellm.completion(**{**kwargs, "timeout": timeout}))
 
     started = time.monotonic()
-    with (
-        told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
-        guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
-    ):
-        completion, attempts = call_with_retries(
-            lambda: send(guard), policy=policy, label=target.handle, guard=guard
+    try:
+        with (
+            told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
+            guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
+        ):
+            completion, attempts = call_with_retries(
+                lambda: send(guard), policy=policy, label=target.handle, guard=guard
+            )
+        response = _from_completion(
+            target,
+            request,
+            completion,
+            trace=trace,
+            latency_ms=_elapsed_ms(started),
+            attempts=attempts,
         )
-    return _from_completion(
-        target,
-        request,
-        completion,
-        trace=trace,
-        latency_ms=_elapsed_ms(started),
-        attempts=attempts,
-    )
+    except Exception as exc:
+        records.note(records.NotedCall(target, trace, False, error=exc, latency_ms=_elapsed_ms(started)))
+        raise
+    records.note(records.NotedCall(target, trace, False, response=response))
+    return response
 
 
 def stream(
@@ -197,25 +208,31 @@ def stream(
         return assembler
 
     started = time.monotonic()
-    with (
-        told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
-        guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
-    ):
-        assembler, attempts = call_with_retries(
-            lambda: attempt(guard),
-            policy=policy,
-            label=target.handle,
-            retryable=lambda: not emitted,
-            guard=guard,
+    try:
+        with (
+            told_to_tenant(target.handle, applies=not is_deployment_endpoint(target.api_base)),
+            guarded(bounds or CallBounds.from_settings(), label=target.handle) as guard,
+        ):
+            assembler, attempts = call_with_retries(
+                lambda: attempt(guard),
+                policy=policy,
+                label=target.handle,
+                retryable=lambda: not emitted,
+                guard=guard,
+            )
+        response = _from_completion(
+            target,
+            request,
+            assembler.completion(fallback_model=target.litellm_model),
+            trace=trace,
+            latency_ms=_elapsed_ms(started),
+            attempts=attempts,
         )
-    return _from_completion(
-        target,
-        request,
-        assembler.completion(fallback_model=target.litellm_model),
-        trace=trace,
-        latency_ms=_elapsed_ms(started),
-        attempts=attempts,
-    )
+    except Exception as exc:
+        records.note(records.NotedCall(target, trace, True, error=exc, latency_ms=_elapsed_ms(started)))
+        raise
+    records.note(records.NotedCall(target, trace, True, response=response))
+    return response
 
 
 class EncodedTrace(dict[str, Any]):
@@ -251,6 +268,7 @@ def _wire_request(
         stream=stream,
         logprobs=request.logprobs,
         top_logprobs=request.top_logprobs,
+        return_token_ids=request.return_token_ids,
     )
     encoded = openai_wire.encode(body, messages_json=request.messages_json)
     extra = {"api_base": endpoint_for_tenants(target.api_base), "timeout": policy.timeout}
@@ -290,6 +308,8 @@ def _call_kwargs(
         kwargs["logprobs"] = True
         if request.top_logprobs is not None:
             kwargs["top_logprobs"] = request.top_logprobs
+    if request.return_token_ids:
+        kwargs["extra_body"] = {"return_token_ids": True}
     if stream:
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
@@ -347,6 +367,7 @@ def _from_completion(
         completion_tokens = count_text_tokens(target.litellm_model, answer)
     details = usage.get("completion_tokens_details") or {}
     logprobs = choice.get("logprobs")
+    token_ids = choice.get("token_ids")
     return ChatResponse(
         content=content if isinstance(content, str) else None,
         reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
@@ -360,6 +381,7 @@ def _from_completion(
         latency_ms=latency_ms,
         attempts=attempts,
         logprobs=logprobs if isinstance(logprobs, dict) and logprobs.get("content") is not None else None,
+        token_ids=[int(t) for t in token_ids if isinstance(t, int)] if isinstance(token_ids, list) else None,
     )
 
 
@@ -390,6 +412,7 @@ class _StreamAssembler:
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.logprobs: list[Any] | None = None  # the chunks' logprobs.content entries, in order
+        self.token_ids: list[int] | None = None  # the chunks' token_ids, in order (return_token_ids)
         self.usage: dict[str, Any] | None = None
         self.model: str | None = None
         self.id: str | None = None
@@ -407,6 +430,8 @@ class _StreamAssembler:
             pieces = (choice.get("logprobs") or {}).get("content")
             if isinstance(pieces, list):
                 self.logprobs = [*(self.logprobs or []), *pieces]
+            if isinstance(ids := choice.get("token_ids"), list):
+                self.token_ids = [*(self.token_ids or []), *ids]
             delta = choice.get("delta") or {}
             if reasoning := delta.get("reasoning_content"):
                 self.reasoning.append(reasoning)
@@ -470,6 +495,7 @@ class _StreamAssembler:
                     "logprobs": None
                     if self.logprobs is None
                     else {"content": self.logprobs, "refusal": None},
+                    **({"token_ids": self.token_ids} if self.token_ids is not None else {}),
                 }
             ],
             "usage": self.usage,

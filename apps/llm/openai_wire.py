@@ -60,6 +60,7 @@ def request_body(
     stream: bool,
     logprobs: bool | None = None,
     top_logprobs: int | None = None,
+    return_token_ids: bool | None = None,
 ) -> dict[str, Any]:
     """The JSON body of POST {api_base}/chat/completions."""
     model = target.litellm_model.removeprefix(WIRE_PREFIX)
@@ -83,6 +84,8 @@ def request_body(
         body["logprobs"] = True
         if top_logprobs is not None:
             body["top_logprobs"] = top_logprobs
+    if return_token_ids:  # vLLM's and SGLang's extra parameter: choice.token_ids in the answer
+        body["return_token_ids"] = True
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

@@ -20,7 +20,7 @@ from apps.llm.handles import (
     DEFAULT_CONTEXT_WINDOW,  # noqa: F401 - for the adapters (as OPENAI_API_BASE)
     OPENAI_API_BASE,
 )
-from apps.llm.models import Provider
+from apps.llm.models import LlmCall, Provider
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +172,41 @@ def _forget_model_list_client() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_model_list_client)
+
+
+def llm_call_list(
+    *,
+    actor: Actor,
+    run_id: str | None = None,
+    agent_id: str | None = None,
+    step_id: str | None = None,
+    status: str | None = None,
+) -> QuerySet[LlmCall]:
+    """The organisation's LLM call records, oldest first, filtered by what is given."""
+    qs = LlmCall.objects.for_actor(actor)
+    if run_id:
+        qs = qs.filter(run_id=run_id)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if step_id:
+        qs = qs.filter(step_id=step_id)
+    if status:
+        qs = qs.filter(status=status)
+    return qs.order_by("created_at", "id")
+
+
+def llm_call_get(*, actor: Actor, llm_call_id: str) -> LlmCall:
+    """One record of the organisation. Raises NotFound."""
+    record = LlmCall.objects.for_actor(actor).filter(id=llm_call_id).first()
+    if record is None:
+        raise NotFound(f"LLM call with id '{llm_call_id}' not found")
+    return record
+
+
+def run_token_turns(*, actor: Actor, run_id: str) -> list[LlmCall]:
+    """The run's step calls with token data (return_token_ids / return_logprobs), in order."""
+    return list(
+        llm_call_list(actor=actor, run_id=run_id, status=LlmCall.Status.SUCCESS)
+        .exclude(step_id="")
+        .only("id", "step_id", "output_token_ids", "logprobs", "response_body", "created_at")
+    )

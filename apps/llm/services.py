@@ -20,9 +20,10 @@ from apps.core.actor import Actor
 from apps.core.errors import Conflict, DomainError, InvalidInput
 from apps.core.outbound import check_url
 from apps.core.permissions import Action
+from apps.llm import records
 from apps.llm.errors import STATUS_HINTS, LLMDeadlineExceeded, LLMError
 from apps.llm.handles import ANTHROPIC_API_BASE, OPENAI_API_BASE
-from apps.llm.models import Provider
+from apps.llm.models import LlmCall, Provider
 from apps.llm.retry import CallBounds, CallGuard, Deadline, RetryPolicy, guarded
 from apps.llm.selectors import (
     is_deployment_endpoint,
@@ -275,3 +276,15 @@ def _transport_summary(exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return "the provider did not answer in time"
     return "the connection to the provider failed"
+
+
+def llm_calls_forget_agents(*, organization_id: str, agent_ids: list[str]) -> int:
+    """Delete the LLM call records of deleted agents (they hold the agents' conversations; records link to
+    agents by id, apps.llm sitting below apps.agents, so no cascade removes them). Returns how many."""
+    deleted, _ = LlmCall.objects.for_org(organization_id).filter(agent_id__in=agent_ids).delete()
+    return deleted
+
+
+def llm_call_curl(record: LlmCall) -> str:
+    """A recorded request as a curl command, with `$API_KEY` where the key goes (apps.llm.records)."""
+    return records.curl_command(record)

@@ -47,6 +47,10 @@ def populated(actor, org, user):
     PassageFactory(organization=org, embedding=[0.1] * 384, embedding_dim=384)
     ToolFactory(organization=org)
     ProviderFactory(organization=org, api_key="sk-provider-plaintext")
+    from apps.llm.models import LlmCall, LlmRecordPolicy
+
+    LlmCall.all_objects.create(organization=org, run_id=run.id, agent_id=agent.id, model="gpt-4o-mini")
+    LlmRecordPolicy.all_objects.create(organization=org, retention_days=7)
     config = SandboxConfig.all_objects.create(organization=org)
     SandboxEnvironmentVariable.all_objects.create(
         organization=org, sandbox_config=config, key="TOKEN", value="env-plain"

@@ -202,6 +202,11 @@ def _split_words(text: str) -> list[str]:
     return parts or [text]
 
 
+def token_id(piece: str) -> int:
+    """The made-up tokenizer's id of one output piece (stable across runs and processes)."""
+    return int.from_bytes(hashlib.sha256(piece.encode()).digest()[:3], "big")
+
+
 def _split_args(args: str) -> list[str]:
     """Split tool-call arguments into several pieces (at least 2 when long enough), like OpenAI does."""
     if len(args) <= 1:
@@ -586,6 +591,17 @@ class _Completion:
             "top_logprobs": alternatives,
         }
 
+    def output_pieces(self) -> list[str]:
+        """The output as the made-up tokenizer splits it: content words, then each call's argument pieces."""
+        pieces = _split_words(self.turn["content"]) if self.turn.get("content") else []
+        return pieces + [piece for c in self.calls for piece in _split_args(c["arguments"])]
+
+    def token_ids(self) -> list[int] | None:
+        """vLLM's/SGLang's choice.token_ids, when the body asks (`return_token_ids`): a stable id per piece."""
+        if not self.body.get("return_token_ids"):
+            return None
+        return [token_id(piece) for piece in self.output_pieces()]
+
     def logprobs(self) -> dict[str, Any] | None:
         if not self.body.get("logprobs"):
             return None
@@ -622,6 +638,7 @@ class _Completion:
                     "message": message,
                     "logprobs": self.logprobs(),
                     "finish_reason": self.finish_reason,
+                    **({"token_ids": ids} if (ids := self.token_ids()) is not None else {}),
                 }
             ],
             "usage": self.usage(),
@@ -631,12 +648,17 @@ class _Completion:
         include_usage = bool((self.body.get("stream_options") or {}).get("include_usage"))
 
         def chunk(
-            delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+            delta: dict[str, Any],
+            finish: str | None = None,
+            logprobs: dict[str, Any] | None = None,
+            token_ids: list[int] | None = None,
         ) -> dict[str, Any]:
             out = {
                 **self._envelope("chat.completion.chunk"),
                 "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
             }
+            if token_ids is not None and self.body.get("return_token_ids"):
+                out["choices"][0]["token_ids"] = token_ids
             if include_usage:
                 out["usage"] = None
             return out
@@ -652,7 +674,7 @@ class _Completion:
                     if self.body.get("logprobs")
                     else None
                 )
-                yield chunk({"content": piece}, logprobs=logprobs)
+                yield chunk({"content": piece}, logprobs=logprobs, token_ids=[token_id(piece)])
         for index, call in enumerate(self.calls):
             yield chunk(
                 {
@@ -667,7 +689,10 @@ class _Completion:
                 }
             )
             for piece in _split_args(call["arguments"]):
-                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                yield chunk(
+                    {"tool_calls": [{"index": index, "function": {"arguments": piece}}]},
+                    token_ids=[token_id(piece)],
+                )
         yield chunk({}, self.finish_reason)
         if include_usage:
             yield {**self._envelope("chat.completion.chunk"), "choices": [], "usage": self.usage()}

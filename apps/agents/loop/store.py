@@ -269,19 +269,22 @@ def add_messages_in_context(
             )
 
 
-def store_traces(traces: Sequence[tuple[str, Any, Any]]) -> None:
+def store_traces(traces: Sequence[tuple[str, Any, Any]], *, records: Sequence[models.Model] = ()) -> None:
     """The exact request and response of each step (step id, request, response), compressed (Step.trace),
-    in one statement for the run."""
+    in one statement for the run; `records` (unsaved rows of one model: the run's LLM call records,
+    apps.llm.records) are inserted by the same statement."""
+    inserts = [(type(records[0]), records)] if records else []
     if not traces:
+        insert_all(*inserts)
         return
     rows = [(step_id, pack_trace(request, response)) for step_id, request, response in traces]
     values = ", ".join(["(%s, %s::bytea)"] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Step._meta.db_table} AS step SET trace = packed.trace "
-            f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
-            [value for row in rows for value in row],
-        )
+    update = (
+        f"UPDATE {Step._meta.db_table} AS step SET trace = packed.trace "
+        f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
+        [value for row in rows for value in row],
+    )
+    insert_all(*inserts, then=update)
 
 
 # --- finishing --------------------------------------------------------------------------------------

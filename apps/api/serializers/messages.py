@@ -15,7 +15,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.agents.models import Conversation, Run, Step, StopReason
+from apps.agents.models import FEEDBACK_NOTE_MAX_CHARS, Conversation, Run, Step, StopReason
 from apps.agents.services import DEFAULT_MAX_STEPS, MessageIn
 from apps.agents.wire import with_thread_system_message
 from apps.api.serializers.strict import refuse_unsupported
@@ -73,6 +73,7 @@ class SendRequest:
     include_compaction_messages: bool = False
     return_logprobs: bool = False
     top_logprobs: int | None = None
+    return_token_ids: bool = False
 
     @property
     def otids(self) -> list[str]:
@@ -97,6 +98,7 @@ class SendRequest:
             "include_compaction_messages": self.include_compaction_messages,
             "return_logprobs": self.return_logprobs,
             "top_logprobs": self.top_logprobs,
+            "return_token_ids": self.return_token_ids,
         }
 
 
@@ -108,10 +110,7 @@ class ClientSkillIn(serializers.Serializer):
     location = serializers.CharField(max_length=1000, allow_blank=True)
 
 
-SEND_UNSUPPORTED = {
-    "return_token_ids": "token ids need an SGLang provider's native /generate endpoint, which this server "
-    "does not call",
-}
+SEND_UNSUPPORTED: dict[str, str] = {}
 
 
 class ClientToolIn(serializers.Serializer):
@@ -166,6 +165,12 @@ class LettaRequestIn(serializers.Serializer):
         help_text="Ask the model for the output tokens' log probabilities; the last call's are in `logprobs`.",
     )
     top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=20)
+    return_token_ids = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Ask the model for each call's output token ids (vLLM and SGLang return them); they and the "
+        "logprobs of every call are in `turns`, with the tool results.",
+    )
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         refuse_unsupported(data, SEND_UNSUPPORTED)
@@ -214,6 +219,7 @@ class LettaRequestIn(serializers.Serializer):
             include_compaction_messages=data["include_compaction_messages"],
             return_logprobs=data["return_logprobs"],
             top_logprobs=data.get("top_logprobs"),
+            return_token_ids=data["return_token_ids"],
         )
 
 
@@ -355,6 +361,14 @@ class StepFeedbackIn(serializers.Serializer):
         choices=[c.value for c in Step.Feedback], required=False, allow_null=True
     )
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, allow_null=True)
+    # An extension (Letta's ModifyFeedbackRequest has feedback and tags only): a person's words with it.
+    note = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=FEEDBACK_NOTE_MAX_CHARS,
+        trim_whitespace=False,
+    )
 
 
 CONVERSATION_CREATE_UNSUPPORTED = {
@@ -459,6 +473,7 @@ class StepOut(serializers.Serializer):
     reasoning_tokens = serializers.IntegerField(allow_null=True)
     completion_tokens_details = serializers.SerializerMethodField()
     feedback = serializers.SerializerMethodField()
+    feedback_note = serializers.SerializerMethodField()
     tags = serializers.ListField(child=serializers.CharField())
     error_type = serializers.SerializerMethodField()
     error_data = serializers.JSONField(allow_null=True)
@@ -487,6 +502,9 @@ class StepOut(serializers.Serializer):
 
     def get_feedback(self, step: Step) -> str | None:
         return _blank_to_none(step.feedback)
+
+    def get_feedback_note(self, step: Step) -> str | None:
+        return _blank_to_none(step.feedback_note)
 
     def get_error_type(self, step: Step) -> str | None:
         return _blank_to_none(step.error_type)

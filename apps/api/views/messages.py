@@ -213,7 +213,9 @@ def letta_response(
             **usage,
         },
         "logprobs": _last_logprobs(run, actor=actor),
-        "turns": None,
+        "turns": agent_selectors.run_token_turns(actor=actor, run_id=run.id)
+        if run.request_config.get("return_token_ids")
+        else None,
     }
 
 
