@@ -12,6 +12,9 @@ django.setup(set_prefix=False)
 
 from apps.ade.routing import websocket_urlpatterns  # noqa: E402  (needs the app registry loaded)
 from apps.core.asgi import SyncChainASGIHandler  # noqa: E402
+from apps.observability.tracing import configure  # noqa: E402
+
+configure("letta-web")  # before the handler loads its middleware (the Django instrumentation adds one)
 
 application = ProtocolTypeRouter(
     {

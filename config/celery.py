@@ -1,7 +1,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init, worker_shutting_down
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -17,6 +17,16 @@ def _preload_litellm(**_: object) -> None:
     from apps.llm._litellm import load
 
     load()
+
+
+@worker_init.connect
+@worker_process_init.connect
+def _set_up_tracing(**_: object) -> None:
+    """Tracing (apps/observability/tracing.py) in the worker and in each prefork child: with OTLP on, the
+    Celery instrumentation continues the sending request's trace from the task's headers."""
+    from apps.observability.tracing import configure
+
+    configure("letta-worker")
 
 
 @task_prerun.connect

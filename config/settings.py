@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "apps.identities",
     "apps.folders",
     "apps.streams",
+    "apps.observability",
     "apps.api",
     "apps.ade",
     "django_ace",  # ships the Ace editor (static files) used by the ADE's tool editor
@@ -467,3 +468,16 @@ MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[])
 # into the jail; their bin/ folders come first on the jail's PATH. They must be world-readable: as
 # root, a jail runs as an unprivileged host uid of its own.
 MCP_STDIO_READ_PATHS = env.list("MCP_STDIO_READ_PATHS", default=[])
+
+# Observability (apps/observability) ----------------------------------------------------------------------
+# Traces: with an OTLP endpoint (the OpenTelemetry SDK also reads OTEL_EXPORTER_OTLP_* itself) every
+# process exports its spans, with the Django, Celery, psycopg, redis and httpx instrumentations; without
+# one nothing is installed globally. RUN_TRACES keeps each run's own spans (steps, LLM and tool calls,
+# memory edits, persistence, queue wait) in Postgres for GET /v1/runs/{id}/trace and the ADE's run page.
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="letta-django")
+RUN_TRACES = env.bool("RUN_TRACES", default=True)
+RUN_TRACE_MAX_SPANS = env.int("RUN_TRACE_MAX_SPANS", default=1000)
+# Metrics: /metrics answers 404 unless this is set, and then asks for `Authorization: Bearer <token>`;
+# processes without it count nothing.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")

@@ -27,6 +27,7 @@ from apps.api.views import (
     mcp,
     message_search,
     messages,
+    metrics,
     models,
     providers,
     runs,
@@ -50,6 +51,7 @@ urlpatterns = [
     *messages.urlpatterns,
     *agent_ops.urlpatterns,
     *runs.urlpatterns,
+    *metrics.urlpatterns,  # /metrics (Prometheus), off unless METRICS_TOKEN is set
     *steps.urlpatterns,
     *llm_calls.urlpatterns,
     *datasets.urlpatterns,

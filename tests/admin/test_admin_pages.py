@@ -42,6 +42,9 @@ def populated(actor, org, user):
     memory_services.block_attach_to_agent(actor=actor, agent_id=agent.id, block=block)
     run = Run.all_objects.create(organization=org, agent=agent)
     Step.all_objects.create(organization=org, agent=agent, run=run, model="gpt-4o-mini")
+    from apps.observability.models import RunTrace
+
+    RunTrace.all_objects.create(organization=org, run=run, trace_id="0" * 32, spans=[], span_count=0)
     Conversation.all_objects.create(organization=org, agent=agent)
     MessageFactory(organization=org, agent=agent)
     PassageFactory(organization=org, embedding=[0.1] * 384, embedding_dim=384)

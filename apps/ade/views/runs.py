@@ -27,6 +27,7 @@ from apps.agents.selectors import (
 )
 from apps.agents.services import step_set_feedback
 from apps.core.errors import DomainError
+from apps.observability.selectors import run_waterfall
 
 RECENT_RUNS = 50
 STATUS_TONES = {"completed": "ok", "failed": "err", "cancelled": "warn", "running": "", "created": ""}
@@ -80,6 +81,7 @@ def run_detail(request: AdeRequest, run_id: str) -> HttpResponse:
         "steps": steps,
         "error": (run.error or {}).get("message") if isinstance(run.error, dict) else run.error,
         "request_config": pretty_json(run.request_config or {}),
+        "waterfall": run_waterfall(actor=actor, run_id=run.id),
     }
     return render(request, "ade/runs/detail.html", context)
 

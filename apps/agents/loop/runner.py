@@ -16,6 +16,7 @@ module drives the steps and makes the calls. No database lock is held across an 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -57,10 +58,12 @@ from apps.agents.recall import embed_messages
 from apps.agents.recovery import enqueue_run, fail_orphaned_runs
 from apps.agents.sleeptime import count_primary_turn, create_sleeptime_run
 from apps.agents.system_messages import thread_system_message_upsert
+from apps.core import fencing
 from apps.core.actor import Actor
 from apps.core.errors import Conflict, InvalidInput
 from apps.core.ids import new_message_id
 from apps.llm import client as llm
+from apps.llm import records as llm_records
 from apps.llm.errors import (
     ContextWindowExceeded,
     InvalidLLMResponse,
@@ -72,7 +75,8 @@ from apps.llm.errors import (
 from apps.llm.retry import CallBounds
 from apps.llm.tokens import count_tokens
 from apps.memory.models import Block
-from apps.streams.events import RedisStreamSink, cancel_requested, end_stream
+from apps.observability import tracing
+from apps.streams.events import RedisStreamSink, StreamFenced, cancel_requested
 from apps.tools.execution import ToolContext, ToolResult, cut_to_limit, package_for_model
 from apps.tools.mcp import run_mcp_tool
 from apps.tools.models import Tool
@@ -127,6 +131,8 @@ class TurnResult:
     traces: list[tuple[str, Any, Any]] = field(default_factory=list)
     # The conversation's next run, still waiting when this one finished (its task is enqueued at once).
     next_run_id: str | None = None
+    # Every LLM call the run made (apps.llm.records), stored with the traces.
+    llm_calls: list[llm_records.NotedCall] = field(default_factory=list)
 
 
 class RunDeferred(Exception):
@@ -165,7 +171,15 @@ def store_traces(result: TurnResult) -> None:
     """The exact request and response of each step, compressed, in one statement for the run
     (GET /v1/steps/{id}/trace has them once the run has answered). A worker that dies before this leaves
     the steps without traces."""
-    store.store_traces(result.traces)
+    # With them, in the same statement: each LLM call as sent and received (apps.llm.records).
+    records = llm_records.rows(
+        result.llm_calls,
+        organization_id=result.run.organization_id,
+        agent_id=result.run.agent_id,
+        run_id=result.run.id,
+        traces=result.traces,
+    )
+    store.store_traces(result.traces, records=records)
 
 
 def embed_for_recall(result: TurnResult) -> None:
@@ -200,9 +214,19 @@ def _execute_run(
             if claim.earlier_waiting:  # an earlier run of this conversation goes first
                 raise RunDeferred(run_id)
             return None  # not `created` (any more): executed or cancelled already
+        hold = getattr(sink, "hold", None)  # a run stream's sink fences its writes by the lease too
+        if hold is not None and claim.run.started_at is not None:
+            hold(claim.run.lease, int(claim.run.started_at.timestamp() * 1000))
         try:
-            return _drive(claim.run, sink or NullSink())
-        except store.LeaseLost:
+            with (
+                fencing.holding(run_id, claim.run.lease),
+                tracing.run_trace(claim.run),
+                llm_records.collecting() as llm_calls,
+            ):
+                result = _drive(claim.run, sink or NullSink())
+            result.llm_calls = llm_calls
+            return result
+        except (store.LeaseLost, StreamFenced):
             # Failed by recovery or claimed by another executor meanwhile (this worker was cut off): what
             # it did since is not stored, and the run, its stream and its result are the other's.
             logger.warning("agents.run_lease_lost", extra={"run_id": run_id})
@@ -213,12 +237,13 @@ def _drive(run: Run, sink: EventSink) -> TurnResult:
     run_id = run.id
     state: LoopState | None = None
     try:
-        state = load_state(run, sink)
+        with tracing.span("agent.load"):
+            state = load_state(run, sink)
         state.inputs = [m for m in state.in_context if m.run_id == run.id and m.role == Message.Role.USER]
         _resume_pending_approval(state)
         stop = _loop(state)
         return _finish(state, stop.reason, stop.error)
-    except store.LeaseLost:
+    except (store.LeaseLost, StreamFenced):
         raise
     except StopRun as stop:
         if state is None:
@@ -244,7 +269,8 @@ def _loop(state: LoopState) -> StopRun:
             _raise_if_cancelled(state, status=status)
         if state.deadline.remaining() <= 0:
             return StopRun(StopReason.ERROR, _deadline_error(state))
-        stop = _step(state)
+        with tracing.span("agent.step", **{"letta.step": state.usage.step_count + 1}):
+            stop = _step(state)
         if stop is not None:
             return stop
     return StopRun(StopReason.MAX_STEPS)
@@ -410,6 +436,7 @@ def prepare_request(state: LoopState) -> llm.ChatRequest:
             parallel_tool_calls=state.agent.parallel_tool_calls if schemas else None,
             logprobs=bool(state.run.request_config.get("return_logprobs")) or None,
             top_logprobs=state.run.request_config.get("top_logprobs"),
+            return_token_ids=bool(state.run.request_config.get("return_token_ids")) or None,
             messages_json=messages_json(state, messages, dropped=len(stored) + 1 - len(messages))
             if llm.takes_messages_json(state.target)
             else None,
@@ -683,12 +710,21 @@ def _call_llm(
     when the run is cancelled (a Redis key run_cancel sets: no SQL while the call waits)."""
     run_id = state.run.id
     bounds = CallBounds.from_settings(within=state.deadline, cancelled=lambda: cancel_requested(run_id))
-    try:
-        if stream if stream is not None else state.stream_tokens:
-            return llm.stream(state.target, request, _relay(state, step_id, message_id), bounds=bounds)
-        return llm.complete(state.target, request, bounds=bounds)
-    except LLMCallCancelled as exc:  # the user cancelled the run while the model was answering
-        raise StopRun(StopReason.CANCELLED) from exc
+    streamed = stream if stream is not None else state.stream_tokens
+    with tracing.span(
+        "llm.call", **{"gen_ai.request.model": state.target.handle, "letta.streamed": streamed}
+    ) as span:
+        try:
+            if streamed:
+                response = llm.stream(
+                    state.target, request, _relay(state, step_id, message_id), bounds=bounds
+                )
+            else:
+                response = llm.complete(state.target, request, bounds=bounds)
+        except LLMCallCancelled as exc:  # the user cancelled the run while the model was answering
+            raise StopRun(StopReason.CANCELLED) from exc
+        tracing.llm_response(span, response)
+    return response
 
 
 def _relay(
@@ -758,14 +794,16 @@ def _run_tool_call(
         timezone=state.agent.timezone or "UTC",
         blocks=tuple(state.blocks),
     )
-    if tool.tool_type.startswith("letta_"):
-        from apps.agents.builtin_tools import execute_builtin
+    with tracing.tool_spans(name, tool.tool_type, memory=name in MEMORY_TOOL_NAMES) as spans:
+        if tool.tool_type.startswith("letta_"):
+            from apps.agents.builtin_tools import execute_builtin
 
-        result = execute_builtin(name, arguments, ctx, agent=state.agent)
-    elif tool.tool_type == Tool.Type.EXTERNAL_MCP:
-        result = run_mcp_tool(tool, arguments, ctx)
-    else:
-        result = run_custom_tool(tool, arguments, ctx)
+            result = execute_builtin(name, arguments, ctx, agent=state.agent)
+        elif tool.tool_type == Tool.Type.EXTERNAL_MCP:
+            result = run_mcp_tool(tool, arguments, ctx)
+        else:
+            result = run_custom_tool(tool, arguments, ctx)
+        spans.done(result)
     limit = min(tool.return_char_limit, budgeting.tool_return_char_limit(state.context_window))
     edited_block = result.edited_block
     result = ToolResult(
@@ -949,15 +987,16 @@ def _persist_step(state: LoopState, step: Step, messages: list[Message], *, stop
     The step's provider trace (the exact request and response) is stored after the run's answer
     (store_traces): at hundreds of in-context messages it is the largest write of a step."""
     step.stop_reason = stop_reason
-    state.status_at_persist = store.persist_step(
-        step,
-        messages,
-        agent_id=state.agent.id,
-        conversation_id=state.conversation_id,
-        run_id=state.run.id,
-        lease=state.run.lease,
-        also=_system_message_write(state),
-    )
+    with tracing.span("agent.persist", **{"letta.persist": "step"}):
+        state.status_at_persist = store.persist_step(
+            step,
+            messages,
+            agent_id=state.agent.id,
+            conversation_id=state.conversation_id,
+            run_id=state.run.id,
+            lease=state.run.lease,
+            also=_system_message_write(state),
+        )
     state.in_context.extend(messages)
     state.produced.extend(messages)
 
@@ -1009,7 +1048,12 @@ def _finish(state: LoopState, reason: str, error: str | None) -> TurnResult:
         run.error = {"message": error or reason}
     if error:
         run.metadata = {**run.metadata, "error": error}
-    saved, next_run_id = store.save_finished(run, state.agent.id)
+    if run.request_config.get("return_token_ids"):  # the answer's `turns` read them: stored before it
+        llm_records.store_collected(
+            organization_id=run.organization_id, agent_id=state.agent.id, run_id=run.id, traces=state.traces
+        )
+    with tracing.span("agent.persist", **{"letta.persist": "finish"}):
+        saved, next_run_id = store.save_finished(run, state.agent.id)
     if not saved:
         # The user cancelled while the last step ran: the stored run says so, and so must the stream.
         run.status = Run.Status.CANCELLED
@@ -1058,7 +1102,8 @@ def execute_run_streamed(
     )
     if result is not None:
         if not sink.ended:  # a run that failed before it started has no closing events yet
-            end_stream(run_id, status=result.run.status, stop_reason=result.stop_reason)
+            with contextlib.suppress(StreamFenced):
+                sink.finish([], status=result.run.status, stop_reason=result.stop_reason)
         if result.next_run_id and settings.RUN_EXECUTOR == "celery":
             # Its turn now: its own task may be waiting out a deferral's backoff (apps.agents.tasks).
             enqueue_run(result.next_run_id, result.run.agent_id, result.run.conversation_id)

@@ -18,6 +18,7 @@ from apps.api.serializers import messages as s
 from apps.api.sse import StreamOptions, run_sse, sse_response
 from apps.api.views.messages import LIST_PARAMETERS, LenientContentNegotiation, message_list_response
 from apps.core.pagination import PageParams, paginate
+from apps.observability import selectors as observability_selectors
 
 RUNS_DEFAULT_LIMIT = 100
 ACTIVE_RUNS_LIMIT = 100  # Letta's list_active_runs answers at most this many
@@ -128,12 +129,18 @@ class RunTraceApi(OrgApiView):
         responses={200: build_array_type(build_basic_type(OpenApiTypes.OBJECT))},
     )
     def get(self, request: Request, run_id: str) -> Response:
-        """The run's OpenTelemetry spans, as Letta's list of span objects. No spans are recorded yet,
-        so a run this organisation can see answers an empty list (another's, or none, is 404)."""
+        """The run's OpenTelemetry spans from the platform's own store (Letta reads ClickHouse), as Letta's
+        span objects, oldest first, at most `limit`: its queue wait, load, steps, LLM and tool calls,
+        memory edits and persistence (and, with OTLP on, its database, Redis and HTTP spans). A run not
+        traced (RUN_TRACES off, or still executing) answers []; another organisation's run is 404."""
         query = RunTraceQueryIn(data=request.query_params)
         query.is_valid(raise_exception=True)
-        agent_selectors.run_get(actor=self.actor, run_id=run_id)
-        return Response([])
+        run = agent_selectors.run_get(actor=self.actor, run_id=run_id)
+        return Response(
+            observability_selectors.run_spans(
+                actor=self.actor, run_id=run.id, limit=query.validated_data["limit"]
+            )
+        )
 
 
 class RunStreamApi(OrgApiView):

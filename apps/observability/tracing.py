@@ -1,0 +1,409 @@
+"""Trace spans of runs: OpenTelemetry, set up once per process, free when nothing records.
+
+Three modes, decided from settings when a process first asks for its tracer (`configure`):
+- OTEL_EXPORTER_OTLP_ENDPOINT set: a global SDK tracer provider exporting over OTLP/HTTP in batches, and
+  the official instrumentations (Django, Celery, psycopg, redis, httpx). Celery carries the trace context
+  in the task's headers, so a run is one trace from the web request to the worker. The run's own spans
+  are also kept in the platform's store (below).
+- else RUN_TRACES (default) or METRICS_TOKEN: a private SDK provider, never installed globally (so no
+  instrumentation records), that only the agent loop's spans go through: each run's spans are kept in
+  memory until its execution ends, then written in one statement (RunTrace) and counted into the
+  metrics (apps.observability.metrics).
+- neither: every helper here is a shared null context; nothing is allocated per span.
+
+Spans carry ids, names, counts and durations only: never a message, a tool's arguments or a secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer
+
+logger = logging.getLogger(__name__)
+
+SCOPE = "apps.agents.loop"
+ATTRIBUTE_MAX_CHARS = 256
+LIMITS = SpanLimits(
+    max_span_attributes=32,
+    max_attribute_length=ATTRIBUTE_MAX_CHARS,
+    max_events=8,
+    max_links=8,
+    max_event_attributes=8,
+    max_link_attributes=8,
+)
+_NULL: contextlib.nullcontext[Span] = contextlib.nullcontext(INVALID_SPAN)
+
+
+@dataclass
+class RunSpans:
+    """What one execution of a run recorded, until it ends."""
+
+    run_id: str
+    organization_id: str
+    trace_id: int = 0
+    spans: list[ReadableSpan] = field(default_factory=list)
+    dropped: int = 0
+    db_statements: int = 0
+    db_ns: int = 0
+
+
+_current: contextvars.ContextVar[RunSpans | None] = contextvars.ContextVar("run_spans", default=None)
+
+
+class RunSpanCollector(SpanProcessor):
+    """Keeps the finished spans of the run executing in this context (same trace), up to
+    RUN_TRACE_MAX_SPANS; spans of other threads (an LLM call's watchdog) are not the run's."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        collected = _current.get()
+        if collected is None or span.context is None or span.context.trace_id != collected.trace_id:
+            return
+        if len(collected.spans) < settings.RUN_TRACE_MAX_SPANS:
+            collected.spans.append(span)
+        else:
+            collected.dropped += 1
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+@dataclass
+class Telemetry:
+    tracer: Tracer | None  # None: nothing records
+    provider: TracerProvider | None = None
+    exporting: bool = False
+
+
+_state: Telemetry | None = None
+_lock = threading.Lock()
+
+
+def telemetry() -> Telemetry:
+    return _state or configure()
+
+
+def configure(service_name: str | None = None) -> Telemetry:
+    """Set this process up once (idempotent; config/asgi.py, wsgi.py and celery.py call it at start, the
+    first span of a process that did not, such as a test or the benchmark, does it then)."""
+    global _state
+    with _lock:
+        if _state is not None:
+            return _state
+        endpoint = settings.OTEL_EXPORTER_OTLP_ENDPOINT
+        recording = settings.RUN_TRACES or bool(settings.METRICS_TOKEN)
+        if not endpoint and not recording:
+            _state = Telemetry(tracer=None)
+            return _state
+        resource = Resource.create({"service.name": service_name or settings.OTEL_SERVICE_NAME})
+        provider = TracerProvider(resource=resource, span_limits=LIMITS)
+        if endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(RunSpanCollector())
+        if endpoint:
+            trace.set_tracer_provider(provider)
+            instrument()
+        _state = Telemetry(tracer=provider.get_tracer(SCOPE), provider=provider, exporting=bool(endpoint))
+        return _state
+
+
+def instrument() -> None:
+    """The official instrumentations, on the global provider. Django's adds a middleware, so this runs
+    before the web process builds its handler (config/asgi.py, config/wsgi.py). The SDK's own
+    OTEL_PYTHON_DISABLED_INSTRUMENTATIONS (comma-separated: django, celery, psycopg, redis, httpx) leaves
+    some out: a span per statement and Redis command is most of what exporting costs a turn."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    disabled = {
+        name.strip() for name in os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")
+    }
+    for name, instrumentor in (
+        ("django", DjangoInstrumentor()),
+        ("celery", CeleryInstrumentor()),
+        ("psycopg", PsycopgInstrumentor()),
+        ("redis", RedisInstrumentor()),
+        ("httpx", HTTPXClientInstrumentor()),
+    ):
+        if name not in disabled and not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
+
+
+def reset_for_tests() -> None:
+    """Forget this process's set-up (tests that switch modes)."""
+    global _state
+    with _lock:
+        if _state is not None and _state.provider is not None and not _state.exporting:
+            _state.provider.shutdown()
+        _state = None
+
+
+# --- spans of the agent loop -------------------------------------------------------------------------
+
+
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
+    """A child of the current span for the block; a shared null context when nothing records or no run
+    is being traced in this context. A failure marks the span as an error with its type (no message)."""
+    tracer = telemetry().tracer
+    if tracer is None or (_current.get() is None and not telemetry().exporting):
+        return _NULL
+    return _span(tracer, name, attributes)
+
+
+@contextlib.contextmanager
+def _span(tracer: Tracer, name: str, attributes: dict[str, Any]) -> Iterator[Span]:
+    with tracer.start_as_current_span(
+        name, attributes=_clean(attributes), record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            current.set_attribute("error.type", type(exc).__name__)
+            raise
+
+
+def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attributes.items() if v is not None}
+
+
+@contextlib.contextmanager
+def run_trace(run: Any) -> Iterator[None]:
+    """Around one execution of a claimed run: its root span `agent.run`, a `run.queue_wait` span from the
+    run's creation to its claim, the statements and database time of the execution; at the end its
+    spans are stored (one statement) and counted in the metrics (one Redis round trip)."""
+    tracer = telemetry().tracer
+    if tracer is None:
+        yield
+        return
+    collected = RunSpans(run_id=run.id, organization_id=run.organization_id)
+    token = _current.set(collected)
+    try:
+        with tracer.start_as_current_span(
+            "agent.run",
+            attributes={"letta.run_id": run.id, "letta.agent_id": run.agent_id},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as root:
+            collected.trace_id = root.get_span_context().trace_id
+            _queue_wait(tracer, run)
+            try:
+                with connection.execute_wrapper(_db_timer(collected)):
+                    yield
+            except BaseException as exc:
+                root.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                root.set_attribute("error.type", type(exc).__name__)
+                raise
+            finally:
+                root.set_attribute("letta.status", str(run.status))
+                root.set_attribute("letta.stop_reason", str(run.stop_reason or ""))
+                root.set_attribute("db.statements", collected.db_statements)
+                root.set_attribute("db.time_ms", round(collected.db_ns / 1e6, 3))
+                if run.status == "failed":
+                    root.set_status(Status(StatusCode.ERROR, str(run.stop_reason)))
+    finally:
+        _current.reset(token)
+        _finish(collected, run)
+
+
+def _queue_wait(tracer: Tracer, run: Any) -> None:
+    created, started = getattr(run, "created_at", None), getattr(run, "started_at", None)
+    if not (created and started) or started < created:
+        return
+    queued = tracer.start_span("run.queue_wait", start_time=_ns(created))
+    queued.end(end_time=_ns(started))
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def _db_timer(collected: RunSpans) -> Callable[..., Any]:
+    def timed(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter_ns()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            collected.db_statements += 1
+            collected.db_ns += time.perf_counter_ns() - started
+
+    return timed
+
+
+def _finish(collected: RunSpans, run: Any) -> None:
+    """Never fails the run: a store or Redis that refuses is logged."""
+    try:
+        if settings.RUN_TRACES and collected.spans:
+            from apps.observability.services import run_trace_store
+
+            run_trace_store(
+                run_id=collected.run_id,
+                organization_id=collected.organization_id,
+                trace_id=format(collected.trace_id, "032x"),
+                spans=[compact(span_row(s)) for s in collected.spans],
+                dropped=collected.dropped,
+            )
+    except Exception:
+        logger.exception("observability.trace_store_failed", extra={"run_id": collected.run_id})
+    try:
+        if settings.METRICS_TOKEN:
+            from apps.observability import metrics
+
+            metrics.count_run(run, collected.spans)
+    except Exception:
+        logger.exception("observability.metrics_failed", extra={"run_id": collected.run_id})
+
+
+# --- the stored form: Letta's span objects (ClickHouse otel_traces columns) --------------------------
+
+_KINDS = {0: "Internal", 1: "Server", 2: "Client", 3: "Producer", 4: "Consumer"}
+_STATUS = {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}
+
+
+def span_row(span: ReadableSpan) -> dict[str, Any]:
+    """One span as Letta's trace endpoint returns it (the columns of the OpenTelemetry Collector's
+    ClickHouse exporter, which Letta reads), attribute values as strings."""
+    context = span.context
+    parent = span.parent
+    start, end = span.start_time or 0, span.end_time or span.start_time or 0
+    resource = span.resource.attributes if span.resource else {}
+    scope = span.instrumentation_scope
+    return {
+        "Timestamp": datetime.fromtimestamp(start / 1e9, UTC).isoformat(),
+        "TraceId": format(context.trace_id, "032x") if context else "",
+        "SpanId": format(context.span_id, "016x") if context else "",
+        "ParentSpanId": format(parent.span_id, "016x") if parent else "",
+        "TraceState": "",
+        "SpanName": span.name,
+        "SpanKind": _KINDS.get(span.kind.value, "Internal"),
+        "ServiceName": str(resource.get("service.name", "")),
+        "ResourceAttributes": _strings(resource),
+        "ScopeName": scope.name if scope else "",
+        "ScopeVersion": (scope.version or "") if scope else "",
+        "SpanAttributes": _strings(span.attributes or {}),
+        "Duration": max(0, end - start),
+        "StatusCode": _STATUS.get(span.status.status_code, "Unset"),
+        "StatusMessage": (span.status.description or "")[:ATTRIBUTE_MAX_CHARS],
+        "Events.Timestamp": [datetime.fromtimestamp(e.timestamp / 1e9, UTC).isoformat() for e in span.events],
+        "Events.Name": [e.name for e in span.events],
+        "Events.Attributes": [_strings(e.attributes or {}) for e in span.events],
+        "Links.TraceId": [format(link.context.trace_id, "032x") for link in span.links],
+        "Links.SpanId": [format(link.context.span_id, "016x") for link in span.links],
+        "Links.TraceState": ["" for _ in span.links],
+        "Links.Attributes": [_strings(link.attributes or {}) for link in span.links],
+    }
+
+
+EMPTY_DEFAULTS: dict[str, Any] = {
+    "TraceState": "",
+    "ParentSpanId": "",
+    "ScopeVersion": "",
+    "StatusMessage": "",
+    "Events.Timestamp": [],
+    "Events.Name": [],
+    "Events.Attributes": [],
+    "Links.TraceId": [],
+    "Links.SpanId": [],
+    "Links.TraceState": [],
+    "Links.Attributes": [],
+}
+
+
+def compact(row: dict[str, Any]) -> dict[str, Any]:
+    """The stored form: without the empty columns and the resource's attributes (the same for every span
+    of a process; `expand` gives back its service name), about half the bytes, so the insert is cheaper."""
+    return {
+        k: v
+        for k, v in row.items()
+        if k != "ResourceAttributes" and not (k in EMPTY_DEFAULTS and v == EMPTY_DEFAULTS[k])
+    }
+
+
+def expand(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored span in Letta's full shape."""
+    row = {**EMPTY_DEFAULTS, **stored}
+    row.setdefault("ResourceAttributes", {"service.name": row.get("ServiceName", "")})
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in row.items()}
+
+
+def _strings(attributes: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in list(attributes.items())[: LIMITS.max_span_attributes or 32]:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        out[str(key)[:128]] = text[:ATTRIBUTE_MAX_CHARS]
+    return out
+
+
+# --- helpers for the loop's LLM and tool calls -------------------------------------------------------
+
+
+def llm_response(current: Span, response: Any) -> None:
+    """What an LLM call's span says of its answer: tokens, finish reason, attempts, latency."""
+    if not current.is_recording():
+        return
+    current.set_attribute("gen_ai.usage.input_tokens", int(response.prompt_tokens or 0))
+    current.set_attribute("gen_ai.usage.output_tokens", int(response.completion_tokens or 0))
+    current.set_attribute("gen_ai.response.finish_reasons", [str(response.finish_reason or "")])
+    current.set_attribute("letta.attempts", int(getattr(response, "attempts", 1) or 1))
+    current.set_attribute("letta.latency_ms", int(response.latency_ms or 0))
+
+
+class ToolSpans:
+    """A tool call's span, with its `memory.edit` (memory tools) or `sandbox.run` (custom tools) child."""
+
+    def __init__(self, outer: Span, inner: Span | None) -> None:
+        self.outer, self.inner = outer, inner
+
+    def done(self, result: Any) -> None:
+        for current in (self.outer, self.inner):
+            if current is None or not current.is_recording():
+                continue
+            current.set_attribute("tool.status", str(result.status))
+            if result.sandbox:
+                current.set_attribute("sandbox.backend", str(result.sandbox))
+            if result.memory_changed:
+                current.set_attribute("letta.memory_changed", True)
+            if result.status == "error":
+                current.set_status(Status(StatusCode.ERROR, "tool error"))
+
+
+@contextlib.contextmanager
+def tool_spans(name: str, tool_type: str, *, memory: bool) -> Iterator[ToolSpans]:
+    """Around one tool call's execution (built-in, MCP or sandboxed)."""
+    if telemetry().tracer is None or (_current.get() is None and not telemetry().exporting):
+        yield ToolSpans(INVALID_SPAN, None)
+        return
+    attributes = {"tool.name": name, "tool.type": tool_type}
+    with span("tool.call", **attributes) as outer:
+        child = "memory.edit" if memory else None
+        if not tool_type.startswith("letta_") and tool_type not in ("external_mcp", "client"):
+            child = "sandbox.run"
+        if child is None:
+            yield ToolSpans(outer, None)
+            return
+        with span(child, **attributes) as inner:
+            yield ToolSpans(outer, inner)
