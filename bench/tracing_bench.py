@@ -7,6 +7,7 @@ round so the machine's drift hits every mode alike:
   metrics  store + METRICS_TOKEN: also one Redis pipeline per run
   otlp     store + metrics + OTEL_EXPORTER_OTLP_ENDPOINT (a local receiver that discards) with the
            Django, Celery, psycopg, redis and httpx instrumentations (the bar: under 2 ms)
+  otlp-lean  otlp without the psycopg and redis instrumentations (OTEL_PYTHON_DISABLED_INSTRUMENTATIONS)
 
 Each figure: the median turn time of a mode in a round, then the median and spread over the rounds, and
 the cost = mode - off (per round, then median). Also the cost of one span helper call when off (ns).
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("off", "store", "metrics", "otlp")
+MODES = ("off", "store", "metrics", "otlp", "otlp-lean")
+LEAN = "psycopg,redis"  # otlp-lean: OTEL_PYTHON_DISABLED_INSTRUMENTATIONS (no span per statement/command)
 
 
 class _DiscardingReceiver:
@@ -63,10 +65,13 @@ def _mode(name: str, otlp_url: str) -> Iterator[None]:
 
     saved = (settings.RUN_TRACES, settings.METRICS_TOKEN, settings.OTEL_EXPORTER_OTLP_ENDPOINT)
     settings.RUN_TRACES = name != "off"
-    settings.METRICS_TOKEN = "bench-token" if name in ("metrics", "otlp") else ""
-    settings.OTEL_EXPORTER_OTLP_ENDPOINT = otlp_url if name == "otlp" else ""
-    if name == "otlp":
+    exporting = name.startswith("otlp")
+    settings.METRICS_TOKEN = "bench-token" if name != "off" and name != "store" else ""
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = otlp_url if exporting else ""
+    if exporting:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_url
+    if name == "otlp-lean":
+        os.environ["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = LEAN
     tracing.reset_for_tests()
     try:
         yield
@@ -78,6 +83,7 @@ def _mode(name: str, otlp_url: str) -> Iterator[None]:
             trace._TRACER_PROVIDER = None
             trace._TRACER_PROVIDER_SET_ONCE = Once()
         os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        os.environ.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
         settings.RUN_TRACES, settings.METRICS_TOKEN, settings.OTEL_EXPORTER_OTLP_ENDPOINT = saved
         tracing.reset_for_tests()
 
