@@ -250,6 +250,11 @@ MESSAGE_CACHE_SIZE = env.int("MESSAGE_CACHE_SIZE", default=20_000)
 # its requests and streams, then closes what is left (config/serve.py).
 WORKER_SHUTDOWN_TIMEOUT = env.float("WORKER_SHUTDOWN_TIMEOUT", default=25.0)
 WEB_SHUTDOWN_TIMEOUT = env.float("WEB_SHUTDOWN_TIMEOUT", default=10.0)
+# Lost tasks (apps.agents.recovery): a run's task marker lives RUN_TASK_MARKER_TTL seconds after each send
+# or deferral (keep it well above a deferral's longest wait, 10 s); a queued run older than
+# RUN_LOST_TASK_GRACE seconds whose marker is gone is enqueued again at the next recovery pass.
+RUN_TASK_MARKER_TTL = env.int("RUN_TASK_MARKER_TTL", default=120)
+RUN_LOST_TASK_GRACE = env.float("RUN_LOST_TASK_GRACE", default=60.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-runs": {
         "task": "agents.recover_runs",

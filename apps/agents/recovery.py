@@ -22,6 +22,7 @@ import logging
 from datetime import datetime, timedelta
 
 from celery import current_app
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -32,9 +33,12 @@ from apps.streams.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
-LOST_TASK_GRACE = timedelta(seconds=60)
-TASK_MARKER_TTL = 120
-"""Seconds a run's task marker lives once set: far more than a deferring task waits between two tries."""
+LOST_TASK_GRACE: timedelta = timedelta(seconds=settings.RUN_LOST_TASK_GRACE)
+"""How old a queued run must be before recovery looks at its task marker (RUN_LOST_TASK_GRACE, 60 s)."""
+TASK_MARKER_TTL: int = settings.RUN_TASK_MARKER_TTL
+"""Seconds a run's task marker lives once set (RUN_TASK_MARKER_TTL, 120 s): far more than a deferring task
+waits between two tries. A task lost before any worker took it is enqueued again within
+max(TASK_MARKER_TTL, LOST_TASK_GRACE) + one recovery period (RUN_RECOVERY_INTERVAL) of its send."""
 REQUEUE_MAX_DELAY = 1800
 """The longest, in seconds, recovery waits before enqueueing one run again (the backoff's cap)."""
 REQUEUE_COUNT_TTL = 24 * 3600

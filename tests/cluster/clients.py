@@ -5,10 +5,15 @@ checks every scenario ends with."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import itertools
 import json
+import os
+import re
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -17,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from tests.cluster.harness import API_KEY, WEBS, Cluster
+from tests.cluster.harness import ADMIN_USERNAME, API_KEY, WEB_PORT, WEBS, Cluster
 from tests.support.scripted_llm import ScriptedLLMServer, Turn, text, tool_call, tool_calls
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
@@ -114,6 +119,23 @@ class Api:
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         return body
+
+    def ade_session(self, web: str = "web1") -> str:
+        """The session cookie of the organisation's owner, signed in through the ADE's sign-in page (the
+        session is in the database: every web host knows it)."""
+        with httpx.Client(base_url=self.cluster.web_url(web), timeout=10) as client:
+            page = client.get("/login/")
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+            assert page.status_code == 200, page.text[:500]
+            assert token, page.text[:500]
+            form = {
+                "username": ADMIN_USERNAME,
+                "password": self.cluster.admin_password,
+                "csrfmiddlewaretoken": token.group(1),
+            }
+            response = client.post("/login/", data=form)
+            assert response.status_code == 302, response.text[:500]
+            return str(client.cookies["sessionid"])
 
     def wait_run(self, run_id: str, timeout: float, *, web: str = "web1") -> dict[str, Any]:
         """The run once it has ended (polled through either web host)."""
@@ -335,6 +357,164 @@ class SseReader(threading.Thread):
             return "ended without [DONE]"
         except httpx.HTTPError as exc:
             return f"cut ({type(exc).__name__})"
+
+
+class WebSocketClosed(Exception):
+    """The server closed the WebSocket (a close frame): `code` is its close code."""
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__(f"closed with {code}")
+        self.code = code
+
+
+class WebSocket:
+    """A WebSocket client in a few lines (RFC 6455: the handshake, the server's unmasked frames, masked
+    pongs and a close), so that the cluster tests need no client library."""
+
+    def __init__(self, host: str, path: str, headers: dict[str, str], *, timeout: float) -> None:
+        self.sock = socket.create_connection((host, WEB_PORT), timeout=10)
+        self.sock.settimeout(timeout)
+        key = base64.b64encode(os.urandom(16)).decode()
+        lines = [
+            f"GET {path} HTTP/1.1",
+            f"Host: {host}:{WEB_PORT}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {key}",
+            "Sec-WebSocket-Version: 13",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self._recv()
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        if not head.startswith(b"HTTP/1.1 101"):
+            self.sock.close()
+            raise ConnectionError(f"handshake refused: {head.splitlines()[0]!r}")
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("the connection ended without a close frame")
+        return chunk
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            self.buffer += self._recv()
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        return taken
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked)  # payload < 126
+
+    def receive(self) -> str:
+        """The next text message; pings are answered; WebSocketClosed on a close frame."""
+        while True:
+            first, second = self._take(2)
+            length = second & 0x7F
+            if length == 126:
+                (length,) = struct.unpack("!H", self._take(2))
+            elif length == 127:
+                (length,) = struct.unpack("!Q", self._take(8))
+            opcode, payload = first & 0x0F, self._take(length)
+            if opcode == 0x1:
+                return payload.decode()
+            if opcode == 0x9:
+                self._send(0xA, payload[:125])
+            elif opcode == 0x8:
+                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+                with contextlib.suppress(OSError):
+                    self._send(0x8, payload[:2])
+                raise WebSocketClosed(code)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._send(0x8, struct.pack("!H", 1000))
+        self.sock.close()
+
+
+class WsFollower(threading.Thread):
+    """An ADE page following a run over the WebSocket relay, as apps/ade/static/ade/conversation.js does:
+    `ws/runs/<id>/?after=<cursor>`, keeping each frame's cursor; when the socket drops before the run's
+    end it connects again from the last cursor after the page's first retry delay (600 ms), here to the
+    other web host, as a load balancer would send it. `connections` lists (web host, how it ended: "end",
+    "close <code>" or "cut (<error>)"); `frames` are the relayed events ({"cursor", "event"}) in order."""
+
+    RETRY_DELAY = 0.6
+    READ_TIMEOUT = 30.0
+    """The relay sends {"type": "ping"} after 15 s without an event: silence past this is a dead peer."""
+
+    def __init__(
+        self, api: Api, session: str, run_id: str, *, web: str, retry_delay: float = RETRY_DELAY
+    ) -> None:
+        super().__init__(daemon=True)
+        self.api, self.session, self.run_id, self.web = api, session, run_id, web
+        self.retry_delay = retry_delay
+        self.frames: list[dict[str, Any]] = []
+        self.reconnected_at: float | None = None
+        self.replayed = 0
+        """Events the reconnected socket relayed that the stream held before it connected (missed ones)."""
+        self.connections: list[tuple[str, str]] = []
+        self.cut_at: float | None = None
+        self.first_resumed: tuple[float, dict[str, Any]] | None = None
+        self.error: str | None = None
+
+    @property
+    def cursor(self) -> str:
+        return str(self.frames[-1]["cursor"]) if self.frames else "0-0"
+
+    def events(self) -> list[dict[str, Any]]:
+        return [frame["event"] for frame in self.frames]
+
+    def seen(self, message_type: str) -> bool:
+        return any(event.get("message_type") == message_type for event in self.events())
+
+    def run(self) -> None:
+        web, deadline = self.web, time.monotonic() + 90
+        while time.monotonic() < deadline:
+            ended = self._follow(web)
+            self.connections.append((web, ended))
+            if ended == "end":
+                return
+            if self.cut_at is None:
+                self.cut_at = time.time()
+            web = WEBS[(WEBS.index(web) + 1) % 2]
+            time.sleep(self.retry_delay)
+        self.error = "no run_end within 90 s"
+
+    def _follow(self, web: str) -> str:
+        host = self.api.cluster.hosts[web].address
+        headers = {"Cookie": f"sessionid={self.session}", "Origin": f"http://{host}:{WEB_PORT}"}
+        try:
+            ws = WebSocket(
+                host, f"/ws/runs/{self.run_id}/?after={self.cursor}", headers, timeout=self.READ_TIMEOUT
+            )
+        except (OSError, ConnectionError) as exc:
+            return f"refused ({exc})"
+        connected_ms = time.time() * 1000
+        if self.cut_at is not None and self.reconnected_at is None:
+            self.reconnected_at = connected_ms / 1000
+        try:
+            while True:
+                data = json.loads(ws.receive())
+                if "event" not in data:  # {"type": "ping"}
+                    continue
+                self.frames.append(data)
+                if self.cut_at is not None and int(str(data["cursor"]).split("-")[0]) < connected_ms:
+                    self.replayed += 1
+                if self.cut_at is not None and self.first_resumed is None and data["event"].get("date"):
+                    self.first_resumed = (time.time(), data["event"])
+                if data["event"].get("message_type") == "run_end":
+                    return "end"
+        except WebSocketClosed as closed:
+            return f"close {closed.code}"
+        except OSError as exc:
+            return f"cut ({type(exc).__name__})"
+        finally:
+            ws.close()
 
 
 # --- what every scenario ends with -------------------------------------------------------------------------

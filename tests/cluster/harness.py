@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import psycopg
@@ -62,11 +62,21 @@ TCP_TIMEOUT = 6
 """DATABASE_TCP_TIMEOUT of every platform process: a session whose peer is gone ends within this."""
 RECOVERY_INTERVAL = 2.0
 """RUN_RECOVERY_INTERVAL: how often beat has crash recovery look for runs whose executor is gone."""
+TASK_MARKER_TTL = 12
+"""RUN_TASK_MARKER_TTL: a run's task marker lives this long after its send (or deferral); a task lost before
+any worker took it is enqueued again by recovery once it has expired. Above the longest deferral wait
+(10 s, apps.agents.tasks), so that a run deferring behind a long one keeps its marker."""
+LOST_TASK_GRACE = 2.0
+"""RUN_LOST_TASK_GRACE: how old a queued run must be before recovery looks at its marker."""
 WORKER_CONCURRENCY = 4
 WEB_PORT = 8283
+QUEUE = "celery"
+"""The queue the workers consume (the platform's default), a list in Redis."""
 PG_PORT = 5432
 REDIS_PORT = 6379
 API_KEY = "sk-let-cluster-test-key-000000000001"
+ADMIN_USERNAME = "admin"
+"""The bootstrapped organisation's owner (bootstrap_platform), who signs in to the ADE in the tests."""
 DATABASE = "letta"
 
 HOSTS = {"db": 2, "web1": 11, "web2": 12, "wk1": 21, "wk2": 22, "ops": 31}
@@ -340,6 +350,7 @@ class Cluster:
             for name, last in HOSTS.items()
         }
         self.llm_url = ""
+        self.admin_password = secrets.token_urlsafe()
         self.llm: ScriptedLLMServer | None = None
         self.timings: list[Timing] = []
         self.notes: list[tuple[str, str]] = []
@@ -440,7 +451,11 @@ class Cluster:
         self._manage("migrate", "--noinput", "--verbosity", "0")
         self._manage(
             "bootstrap_platform",
-            extra={"BOOTSTRAP_API_KEY": API_KEY, "DJANGO_SUPERUSER_PASSWORD": secrets.token_urlsafe()},
+            extra={
+                "BOOTSTRAP_API_KEY": API_KEY,
+                "DJANGO_SUPERUSER_USERNAME": ADMIN_USERNAME,
+                "DJANGO_SUPERUSER_PASSWORD": self.admin_password,
+            },
         )
         self.timings.append(Timing("setup", "migrate and bootstrap", time.monotonic() - started))
         for web in WEBS:
@@ -625,6 +640,8 @@ class Cluster:
             "REDIS_URL": self.redis_url,
             "DATABASE_TCP_TIMEOUT": str(TCP_TIMEOUT),
             "RUN_RECOVERY_INTERVAL": str(RECOVERY_INTERVAL),
+            "RUN_TASK_MARKER_TTL": str(TASK_MARKER_TTL),
+            "RUN_LOST_TASK_GRACE": str(LOST_TASK_GRACE),
             "OPENAI_BASE_URL": self.llm_url,
             "OPENAI_API_KEY": "sk-test",
             "LLM_MAX_ATTEMPTS": "2",
@@ -705,7 +722,7 @@ class Cluster:
             "--without-mingle",
             "--without-heartbeat",
             "-Q",
-            "celery",
+            QUEUE,
         ]
         self.hosts[worker].spawn("worker", argv, self.platform_env())
         if wait:
@@ -724,15 +741,62 @@ class Cluster:
 
     def worker_answers(self, worker: str) -> bool:
         """Whether the worker answers a ping over the broker (it is connected and consuming)."""
+        try:
+            replies = self._control().ping(destination=[f"{worker}@{self.tag}"], timeout=1.0)
+        except Exception:  # the broker is away: not answering
+            return False
+        return bool(replies)
+
+    def _control(self) -> Any:
+        """Celery's remote control of the cluster's workers (over the broker)."""
         if self._redis_broker is None:
             from celery import Celery
 
             self._redis_broker = Celery("cluster-probe", broker=self.redis_url, set_as_current=False)
+        return self._redis_broker.control
+
+    def pause_consuming(self) -> None:
+        """Every worker stops taking tasks from the queue (cancel_consumer); what it runs goes on. The
+        tasks sent meanwhile wait in Redis's list."""
+        self.event("workers stop consuming the queue", fault=False)
+        replies = self._control().cancel_consumer(
+            QUEUE, destination=[f"{w}@{self.tag}" for w in WORKERS], reply=True, timeout=5
+        )
+        if len(replies) != len(WORKERS):
+            raise ClusterError(f"not every worker stopped consuming: {replies}")
+        time.sleep(1.5)  # a BRPOP already waiting (kombu's brpop_timeout, 1 s) may still take a task
+
+    def resume_consuming(self) -> None:
+        self.event("workers consume the queue again", fault=False)
+        replies = self._control().add_consumer(
+            QUEUE, destination=[f"{w}@{self.tag}" for w in WORKERS], reply=True, timeout=5
+        )
+        if len(replies) != len(WORKERS):
+            raise ClusterError(f"not every worker consumes again: {replies}")
+
+    def lose_task(self, run_id: str, timeout: float = 10) -> None:
+        """Remove the queued task message that executes `run_id` from the broker's list: the task is lost
+        before any worker took it (as with a worker that went silent holding it, or a send that Redis
+        acknowledged and lost)."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        deadline = time.monotonic() + timeout
         try:
-            replies = self._redis_broker.control.ping(destination=[f"{worker}@{self.tag}"], timeout=1.0)
-        except Exception:  # the broker is away: not answering
-            return False
-        return bool(replies)
+            while True:
+                for raw in cast("list[str]", client.lrange(QUEUE, 0, -1)):
+                    headers = json.loads(raw).get("headers") or {}
+                    ours = headers.get("task") == "agents.execute_run" and run_id in str(
+                        headers.get("argsrepr")
+                    )
+                    if ours and client.lrem(QUEUE, 1, raw) == 1:
+                        self.event(f"task of {run_id} removed from the queue")
+                        return
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the task of {run_id} is not in the queue (a worker took it?)")
+                time.sleep(0.05)
+        finally:
+            client.close()
 
     def start_beat(self, *, wait: bool = True) -> None:
         ops = self.hosts["ops"]

@@ -12,16 +12,22 @@ Bounds, with the cluster's DATABASE_TCP_TIMEOUT (T = 6 s) and RUN_RECOVERY_INTER
 - PostgreSQL or Redis restarted: every run in flight ends within the restart's duration + 2R + 5 s; a run
   failed by a PostgreSQL restart says so (recovery.DATABASE_RESTARTED); both worker hosts consume again.
 - a web host restarted: SSE clients resume from their cursor on the other web host at once; one that
-  vanishes silently (link down: no FIN, no RST), within the clients' read timeout (30 s) + 5 s.
+  vanishes silently (link down: no FIN, no RST), within the clients' read timeout (30 s) + 5 s. ADE
+  WebSocket clients (killed or SIGTERM: close 4503) reconnect from their cursor to the other web host
+  after the page's retry delay, and get every event exactly once.
+- a run whose task is lost before any worker took it (removed from the queue, scenario 5) is enqueued
+  again by recovery once its task marker has expired, and completes: within RUN_TASK_MARKER_TTL
+  (TTL = 12 s here; 120 s by default) + 2R + 5 s of its send. (RUN_LOST_TASK_GRACE, 2 s here, is below
+  the TTL, so the TTL is what counts.)
 
-Not waited for (they are recovery's lost-task bound, TASK_MARKER_TTL = 120 s after the send, and
-LOST_TASK_GRACE = 60 s; apps/agents/recovery.py): a run whose task is lost before any worker claimed it.
-That happens to a task a worker had taken but not started when its host died, to the task Redis hands a
-worker that went silent within the last second (kombu's BRPOP waits 1 s, and Redis answers it to a dead
-peer), to a task that could not be sent while Redis was down, and to one whose claim met PostgreSQL down.
-So `Traffic.quiet()` holds new sends while a fault is injected (and SILENT_DEATH_WINDOW after a host goes
-silent) until no run waits for its worker; runs already executing are not held, nor are sends that meet
-a fault (a web host down, the database away: they are resent with the same otid).
+The lost-task bound is why the other scenarios keep runs away from a fault's instant: a task is lost
+that a worker had taken but not started when its host died, the one Redis hands a worker that went silent
+within the last second (kombu's BRPOP waits 1 s, and Redis answers it to a dead peer), one that could not
+be sent while Redis was down, and one whose claim met PostgreSQL down. Such runs end within the bound
+above, not within the fault's. So `Traffic.quiet()` holds new sends while a fault is injected (and
+SILENT_DEATH_WINDOW after a host goes silent) until no run waits for its worker; runs already executing
+are not held, nor are sends that meet a fault (a web host down, the database away: they are resent with
+the same otid).
 
 A Redis restart makes a worker that holds unacknowledged tasks exit ("Unrecoverable error" in kombu's
 restore of them on the lost connection): its host's service manager starts it again, as a container's
@@ -41,7 +47,7 @@ import pytest
 import redis
 
 from apps.agents.locks import conversation_lock_key
-from apps.agents.recovery import WORKER_LOST
+from apps.agents.recovery import WORKER_LOST, requeue_count_key
 from apps.streams.events import END_EVENT, stream_key
 from tests.cluster.clients import (
     Api,
@@ -49,6 +55,7 @@ from tests.cluster.clients import (
     Sent,
     SseReader,
     Traffic,
+    WsFollower,
     check_invariants,
     fact_of,
     memory_turns,
@@ -57,12 +64,13 @@ from tests.cluster.clients import (
     unfinished_runs,
     wait_until,
 )
-from tests.cluster.harness import RECOVERY_INTERVAL, TCP_TIMEOUT, WORKERS, Cluster
+from tests.cluster.harness import RECOVERY_INTERVAL, TASK_MARKER_TTL, TCP_TIMEOUT, WORKERS, Cluster
 from tests.support.scripted_llm import ScriptedLLMServer, text
 
 LOCK_BOUND = TCP_TIMEOUT + 3.0
 LOST_RUN_BOUND = TCP_TIMEOUT + 2 * RECOVERY_INTERVAL + 3.0
 RESTART_SLACK = 2 * RECOVERY_INTERVAL + 5.0
+LOST_TASK_BOUND = TASK_MARKER_TTL + 2 * RECOVERY_INTERVAL + 5.0
 SILENT_DEATH_WINDOW = 2.0
 """How long new sends are held after a worker host goes silent: Redis hands the next task to the BRPOP
 the silent worker left pending for up to 1 s (kombu's brpop_timeout), and that task is gone with it."""
@@ -419,3 +427,122 @@ def test_sse_clients_resume_from_their_cursor_on_the_other_web_host_when_theirs_
 
 def other_web(web: str) -> str:
     return "web2" if web == "web1" else "web1"
+
+
+# --- 4b. a web host restarts while ADE pages follow runs over the WebSocket -------------------------------
+
+
+@pytest.mark.parametrize("how", ["kill", "sigterm"])
+def test_ade_websocket_clients_reconnect_from_their_cursor_to_the_other_web_host_when_theirs_restarts(
+    how: str, healthy: Cluster, api: Api, llm: ScriptedLLMServer, traffic: Traffic, shared_block: str
+) -> None:
+    cluster = healthy
+    leaving, staying = "web1", "web2"
+    session = api.ade_session(staying)
+    followers = []
+    # The first page reconnects at once and gets the rest live; the second only after the page's longest
+    # back-off (5 s), by when its run has ended: what it missed comes from its cursor.
+    for index, (reply_latency, retry_delay) in enumerate([(5.0, WsFollower.RETRY_DELAY), (2.0, 5.0)]):
+        agent = api.create_agent(f"ws-{how}-{index}", block_ids=[shared_block])
+        token = f"ws-{how}-{index}"
+        llm.state.push(memory_turns(token, fact_of(token), reply_latency=reply_latency))
+        sent = send(api, agent, token, web=leaving)
+        follower = WsFollower(api, session, str(sent.run_id), web=leaving, retry_delay=retry_delay)
+        follower.start()
+        followers.append(follower)
+    for follower in followers:
+        wait_until(functools.partial(follower.seen, "tool_return_message"), 30, "the first step relayed")
+
+    restarted_at = time.time()
+    if how == "kill":
+        cluster.crash(leaving)  # every process, -9: the host's kernel closes the sockets (no close frame)
+        cluster.power_on(leaving)
+    else:
+        cluster.restart_web(leaving)  # it drains: WebSockets are closed with 4503 (config/serve.py)
+    back = time.time() - restarted_at
+    for follower in followers:
+        follower.join(timeout=WsFollower.READ_TIMEOUT + 60)
+
+    name = "4b. web host " + {"kill": "killed", "sigterm": "stopped (SIGTERM)"}[how] + " (WS)"
+    cuts = [f.cut_at - restarted_at for f in followers if f.cut_at is not None]
+    lags = [
+        at - datetime.fromisoformat(event["date"]).timestamp()
+        for at, event in (f.first_resumed for f in followers if f.first_resumed)
+    ]
+    cluster.record(name, "ADE WebSockets saw their socket drop (longest)", max(cuts, default=-1.0))
+    cluster.record(name, "first event after the reconnect, delivery lag (longest)", max(lags, default=-1.0))
+    cluster.record(name, "web host serving again", back)
+    cluster.note(name, f"events replayed from the cursor on reconnect: {[f.replayed for f in followers]}")
+    for follower in followers:
+        assert follower.error is None, (follower.error, follower.connections)
+        first, second = follower.connections
+        assert first[0] == leaving, follower.connections
+        if how == "sigterm":
+            assert first[1] == "close 4503", follower.connections  # "server restarting": the ADE reconnects
+        else:
+            assert first[1].startswith("cut"), follower.connections
+        assert second == (staying, "end"), follower.connections
+        # Every event of the run's stream exactly once, in order, up to its end: what Redis holds.
+        assert [f["cursor"] for f in follower.frames] == stream_ids_to_the_end(cluster, follower.run_id)
+        end = follower.events()[-1]
+        assert (end["message_type"], end["status"]) == ("run_end", "completed")
+        assert {"message_type": "stop_reason", "stop_reason": "end_turn"} in follower.events()
+        produced = cluster.query(
+            "SELECT id FROM agents_message WHERE run_id = %s AND role <> 'user'", [follower.run_id]
+        )
+        # Every message the run produced reached the page (the stream's once-only is asserted above).
+        relayed = {
+            e["id"] for e in follower.events() if e.get("id") and e.get("message_type") != "user_message"
+        }
+        assert relayed == {row[0] for row in produced}
+    assert (len(cuts), len(lags)) == (len(followers), len(followers))
+    assert followers[1].replayed > 0  # the late page did get events it had missed, from its cursor
+    finish(cluster, traffic, shared_block)
+
+
+def stream_ids_to_the_end(cluster: Cluster, run_id: str) -> list[str]:
+    """The entry ids of the run's Redis stream up to and including its first end event."""
+    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+    entries = cast("list[tuple[str, dict[str, str]]]", client.xrange(stream_key(run_id)))
+    client.close()
+    ids = []
+    for entry_id, fields in entries:
+        ids.append(entry_id)
+        if json.loads(fields["data"]).get("message_type") == END_EVENT:
+            break
+    return ids
+
+
+# --- 5. a task lost before any worker took it ---------------------------------------------------------------
+
+
+def test_a_run_whose_task_was_lost_before_any_worker_took_it_is_enqueued_again_and_completes(
+    healthy: Cluster, api: Api, llm: ScriptedLLMServer, traffic: Traffic, shared_block: str
+) -> None:
+    cluster = healthy
+    agent = api.create_agent("lost-task", block_ids=[shared_block])
+    llm.state.push(memory_turns("lost-task", fact_of("lost-task")))
+    with traffic.quiet():
+        cluster.pause_consuming()
+        try:
+            lost = send(api, agent, "lost-task", web="web1", memory=True)
+            cluster.lose_task(str(lost.run_id))
+        finally:
+            cluster.resume_consuming()
+    ended = api.wait_run(str(lost.run_id), LOST_TASK_BOUND + 10, web="web2")
+    row = run_row(cluster, lost.run_id)
+    took = ended_after(row, lost.sent_at)
+    waited = (row.started_at or 0.0) - lost.sent_at
+    client = redis.Redis.from_url(cluster.redis_url)
+    requeues = client.get(requeue_count_key(str(lost.run_id)))
+    client.close()
+
+    cluster.record("5. task lost before a claim", "claimed again after the send", waited)
+    cluster.record("5. task lost before a claim", "run completed after the send", took, LOST_TASK_BOUND)
+    assert ended["status"] == "completed"
+    assert took <= LOST_TASK_BOUND
+    # Nothing executed it until recovery saw its marker expire, and recovery enqueued it once.
+    assert waited >= TASK_MARKER_TTL
+    assert requeues == b"1"
+    assert shared_block_value(cluster, shared_block).count(fact_of("lost-task")) == 1
+    finish(cluster, traffic, shared_block, lost)
