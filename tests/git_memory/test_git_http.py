@@ -496,3 +496,20 @@ def test_a_merge_with_an_older_commit_of_ours_pushes_only_the_new_commits(live_s
     assert client.blocks.retrieve(block_id(client, agent.id, "system/human")).value == "Name: Sam\nFirst"
     fresh = clone(git, live_server, agent.id, key, name="fresh")
     assert git.run("log", "--format=%H", cwd=fresh).stdout == git.run("log", "--format=%H", cwd=repo).stdout
+
+
+def test_git_requests_count_against_the_keys_request_rate(live_server, actor, settings):
+    agent = make_agent(sdk(live_server, key_for(actor)))
+    key = key_for(actor)  # a key with no request counted yet
+    settings.API_RATE_PER_KEY = "2/min"
+    refs = f"{live_server.url}/v1/git/{agent.id}/state.git/info/refs?service=git-upload-pack"
+    auth = {"Authorization": f"Bearer {key}"}
+
+    statuses = [httpx.get(refs, headers=auth).status_code for _ in range(2)]
+    throttled = httpx.get(refs, headers=auth)
+    api_too = httpx.get(f"{live_server.url}/v1/agents/{agent.id}", headers=auth)
+
+    assert statuses == [200, 200]
+    assert throttled.status_code == 429
+    assert 0 < int(throttled.headers["Retry-After"]) <= 60
+    assert api_too.status_code == 429  # the same bucket as the key's /v1 requests
