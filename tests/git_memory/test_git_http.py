@@ -225,6 +225,12 @@ def _rejected_push(git: Git, repo: Path) -> str:
             "system/human.md: front matter is not valid YAML",
         ),
         ("system/human.md", "Name: Sam, no front matter", "system/human.md: front matter missing"),
+        (  # an alias bomb: a few lines that serialise to 9^9 strings
+            "system/human.md",
+            "---\nmetadata:\n  a: &a [x, x, x, x, x, x, x, x, x]\n  b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "  c: [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n---\nName: Sam",
+            "aliases (*name) are not allowed",
+        ),
         (
             "system/human.md",
             "---\nlimit: lots\n---\nName: Sam",
