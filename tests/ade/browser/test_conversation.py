@@ -101,6 +101,47 @@ def test_streamed_text_appears_before_the_run_completes(ade: Ade, llm, screensho
         screenshot(page, f"conversation-{width}")
 
 
+def test_a_socket_that_goes_silent_without_closing_is_replaced(ade: Ade, llm) -> None:
+    # A web host that vanishes without a FIN leaves the browser's socket open and silent: the relay's
+    # pings stop too. The page must drop it and resume from its cursor on a new one, not wait for TCP.
+    agent = make_agent(ade)
+    llm.push(text(REPLY, chunk_delay=0.15))
+    page = ade.page
+    urls: list[str] = []
+
+    def relay(route) -> None:
+        first = not urls
+        urls.append(route.url)
+        server = route.connect_to_server()
+        forwarded = 0
+
+        def from_server(message) -> None:
+            nonlocal forwarded
+            if first and forwarded >= 3:
+                return  # the host is gone: nothing more arrives
+            forwarded += '"cursor"' in message
+            route.send(message)
+
+        server.on_message(from_server)
+        if first:
+            server.on_close(lambda code, reason: None)  # and no close reaches the page either
+
+    page.route_web_socket(re.compile(r"/ws/runs/"), relay)
+    page.goto(ade.url(f"/agents/{agent.id}/"))
+    send(page, "Tell me something")
+    # Once events flow (a cursor seen: the run started), shorten the page's patience from 35 s.
+    page.wait_for_function(
+        "() => [...window.adeConversation.sockets.values()].some((s) => s.cursor !== '0-0')", timeout=30_000
+    )
+    page.evaluate("() => { document.body.dataset.wsSilenceMs = '2000'; }")
+
+    expect(page.get_by_test_id("stop-reason")).to_have_text("Turn ended", timeout=30_000)
+    expect(page.locator(".turn .ev-assistant .bubble").last).to_have_text(REPLY)  # no gap, no repeat
+    assert len(urls) == 2
+    assert "after=0-0" in urls[0]
+    assert "after=0-0" not in urls[1]  # resumed from the last event seen
+
+
 def test_approve_one_tool_call_and_deny_another(ade: Ade, llm, screenshot) -> None:
     agent = make_agent(
         ade, name="Careful", tool_rules=[{"type": "requires_approval", "tool_name": "memory_insert"}]

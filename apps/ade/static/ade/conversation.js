@@ -5,7 +5,7 @@
 // The markup built here mirrors ade/workspace/conversation/_event.html and _turn.html.
 (() => {
   if (window.adeConversation) return; // the column partial is swapped in again on conversation switches
-  const sockets = new Map(); // run id -> {ws, turn, retries, timer}
+  const sockets = new Map(); // run id -> its socket (adeRunStream.follow)
   const STOP_LABELS = {
     end_turn: "Turn ended", tool_rule: "Ended by a tool rule", max_steps: "Step limit reached",
     requires_approval: "Waiting for approval", cancelled: "Cancelled", error: "Error",
@@ -13,22 +13,7 @@
   };
   const STOP_TONES = { end_turn: "ok", tool_rule: "ok", max_steps: "warn", requires_approval: "warn", cancelled: "warn" };
 
-  // --- small DOM helpers --------------------------------------------------------------------------
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === undefined || value === null || value === false) continue;
-      if (key === "class") node.className = value;
-      else if (key === "open") node.open = true;
-      else node.setAttribute(key, value === true ? "" : value);
-    }
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
-  const sel = (value) => CSS.escape(String(value));
+  const { el, sel, part, bubble, renderShared } = window.adeRunStream; // ade/runstream.js
   function pretty(text) {
     if (typeof text !== "string") return JSON.stringify(text, null, 2);
     try {
@@ -47,40 +32,7 @@
   }
   function emit(name, detail) { document.body.dispatchEvent(new CustomEvent(name, { detail })); }
 
-  // --- rendering one event ------------------------------------------------------------------------
-  function part(body, cls, id, build) {
-    let node = id ? body.querySelector(`.${cls}[data-msg-id="${sel(id)}"]`) : null;
-    if (!node) { node = build(); body.append(node); }
-    return node;
-  }
-  const bubble = (cls, id) => () => el("div", { class: `ev ${cls}`, "data-msg-id": id }, el("div", { class: "bubble" }));
-  const reasoningBox = (id) => () => el("details", { class: "ev ev-reasoning", "data-msg-id": id, open: true },
-    el("summary", {}, el("span", { class: "ev-label" }, "Reasoning")), el("div", { class: "ev-text" }));
-  function toolCallBox(body, callId, name) {
-    let node = body.querySelector(`.ev-tool-call[data-call-id="${sel(callId)}"]`);
-    if (!node) {
-      node = el("details", { class: "ev ev-tool-call", "data-call-id": callId, open: true },
-        el("summary", {}, el("span", { class: "ev-label" }, "Tool call"), " ", el("code", { class: "tool-name" }, name || "")),
-        el("pre", { class: "json" }));
-      body.append(node);
-    }
-    if (name) node.querySelector(".tool-name").textContent = name;
-    return node;
-  }
-
-  function renderDelta(body, event) {
-    const id = event.message_id || `${event.step_id}`;
-    if (event.kind === "content") {
-      const node = part(body, "ev-assistant", id, bubble("ev-assistant", id));
-      node.classList.add("streaming");
-      node.querySelector(".bubble").textContent += event.text || "";
-    } else if (event.kind === "reasoning") {
-      part(body, "ev-reasoning", id, reasoningBox(id)).querySelector(".ev-text").textContent += event.text || "";
-    } else if (event.kind === "tool_call_args" && event.tool_call_id) {
-      toolCallBox(body, event.tool_call_id, event.tool_name).querySelector("pre").textContent += event.text || "";
-    }
-  }
-
+  // --- rendering one event (the deltas and finished messages both pages draw: runstream.js) -----------
   function renderToolReturn(event) {
     const first = (event.tool_returns || [])[0] || {};
     const meta = [first.sandbox ? `sandbox: ${first.sandbox}` : "", first.duration_ms != null ? `${first.duration_ms} ms` : ""]
@@ -112,23 +64,8 @@
 
   function renderEvent(turn, event) {
     const body = turn.querySelector(".turn-body");
-    const type = event.message_type;
-    switch (type) {
-      case "delta": renderDelta(body, event); break;
-      case "reasoning_message":
-        part(body, "ev-reasoning", event.id, reasoningBox(event.id)).querySelector(".ev-text").textContent = event.reasoning || "";
-        break;
-      case "assistant_message": {
-        const node = part(body, "ev-assistant", event.id, bubble("ev-assistant", event.id));
-        node.classList.remove("streaming");
-        node.querySelector(".bubble").textContent = event.content || "";
-        break;
-      }
-      case "tool_call_message": {
-        const call = event.tool_call || {};
-        toolCallBox(body, call.tool_call_id, call.name).querySelector("pre").textContent = pretty(call.arguments || "{}");
-        break;
-      }
+    if (renderShared(body, event, pretty)) return;
+    switch (event.message_type) {
       case "tool_return_message": body.append(renderToolReturn(event)); break;
       case "approval_request_message": renderApprovalRequest(body, event); break;
       case "user_message":
@@ -150,9 +87,6 @@
         break;
       case "stop_reason": turn.dataset.stopReason = event.stop_reason || ""; break;
       case "usage_statistics": turn._usage = event; break;
-      case "error_message":
-        body.append(el("div", { class: "msg msg-error" }, event.message || event.detail || "The run failed."));
-        break;
       default: break;
     }
   }
@@ -185,7 +119,7 @@
     turn.dataset.finished = "1";
     const runId = turn.dataset.runId;
     const entry = sockets.get(runId);
-    if (entry) { clearTimeout(entry.timer); sockets.delete(runId); try { entry.ws.close(); } catch (_) { /* closed */ } }
+    if (entry) { sockets.delete(runId); entry.stop(); }
     provisionalFoot(turn, stopReason);
     updateComposer();
     emit("ade:run-end", { run_id: runId, status, stop_reason: stopReason });
@@ -222,50 +156,37 @@
   function follow(turn) {
     const runId = turn.dataset.runId;
     if (!runId || turn.dataset.finished || sockets.has(runId)) return;
-    const entry = { ws: null, turn, retries: 0, timer: null };
-    sockets.set(runId, entry);
-    updateComposer();
-    connect(entry);
-  }
-
-  function connect(entry) {
-    const { turn } = entry;
-    const runId = turn.dataset.runId;
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const after = encodeURIComponent(turn.dataset.cursor || "0-0");
-    const ws = new WebSocket(`${scheme}//${location.host}/ws/runs/${encodeURIComponent(runId)}/?after=${after}`);
-    entry.ws = ws;
-    ws.onopen = () => { entry.retries = 0; turn.classList.remove("reconnecting"); };
-    ws.onmessage = (message) => {
-      let data;
-      try { data = JSON.parse(message.data); } catch (_) { return; }
-      if (data.type === "ping") { checkTurn(turn); return; }
-      if (!data.event) return;
-      if (data.cursor) turn.dataset.cursor = data.cursor;
-      const event = data.event;
-      if (event.message_type === "run_end") {
-        finish(turn, event.status, event.stop_reason || turn.dataset.stopReason);
-        return;
-      }
-      keepScrolled(() => renderEvent(turn, event));
-      emit("ade:run-event", { run_id: runId, event });
-    };
-    ws.onclose = (close) => {
-      if (turn.dataset.finished || !turn.isConnected || sockets.get(runId) !== entry) return;
-      if (close.code === 4401 || close.code === 4404 || close.code === 4429) {
+    let entry = null;
+    const mine = () => sockets.get(runId) === entry;
+    entry = window.adeRunStream.follow(runId, turn.dataset.cursor || "0-0", {
+      onOpen: () => turn.classList.remove("reconnecting"),
+      onPing: () => checkTurn(turn),
+      onEvent: (event) => {
+        if (!mine()) return;
+        turn.dataset.cursor = entry.cursor;
+        if (event.message_type === "run_end") {
+          finish(turn, event.status, event.stop_reason || turn.dataset.stopReason);
+          return;
+        }
+        keepScrolled(() => renderEvent(turn, event));
+        emit("ade:run-event", { run_id: runId, event });
+      },
+      onRetry: (retries) => {
+        if (!turn.isConnected) { if (mine()) sockets.delete(runId); entry.stop(); return; } // swapped out
+        turn.classList.add("reconnecting");
+        if (retries >= 3) checkTurn(turn);
+      },
+      onRefused: (code) => {
+        if (!mine() || turn.dataset.finished || !turn.isConnected) return;
         sockets.delete(runId);
         const why = { 4401: "Signed out: reload the page.", 4404: "This run is not visible to you.",
           4429: "Too many open streams (MAX_STREAMS_PER_USER): close another tab, then reload." };
-        turn.querySelector(".run-state")?.replaceChildren(why[close.code]);
+        turn.querySelector(".run-state")?.replaceChildren(why[code]);
         updateComposer();
-        return;
-      }
-      turn.classList.add("reconnecting");
-      entry.retries += 1;
-      const delay = Math.min(5000, 300 * 2 ** Math.min(entry.retries, 5));
-      entry.timer = setTimeout(() => { if (sockets.get(runId) === entry) connect(entry); }, delay);
-      if (entry.retries >= 3) checkTurn(turn);
-    };
+      },
+    });
+    sockets.set(runId, entry);
+    updateComposer();
   }
 
   // --- the composer -----------------------------------------------------------------------------------
@@ -331,7 +252,7 @@
   document.addEventListener("htmx:beforeSwap", (event) => {
     // Switching conversations: stop following the old column's runs.
     if (event.detail.target?.id === "conversation-column") {
-      for (const entry of sockets.values()) { clearTimeout(entry.timer); try { entry.ws.close(); } catch (_) { /* closed */ } }
+      for (const entry of sockets.values()) entry.stop();
       sockets.clear();
     }
   });

@@ -7,21 +7,9 @@
 // writes an end event. The markup mirrors ade/groups/_speaker_event.html.
 (() => {
   if (window.adeGroup) return;
-  const followed = new Map(); // turn id -> {runId, ws, cursor, retries, timer}
+  const followed = new Map(); // turn id -> {runId, socket (adeRunStream.follow)}
 
-  function el(tag, attrs, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (value === undefined || value === null || value === false) continue;
-      if (key === "class") node.className = value;
-      else node.setAttribute(key, value === true ? "" : value);
-    }
-    for (const child of children) {
-      if (child !== null && child !== undefined) node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
-  const sel = (value) => CSS.escape(String(value));
+  const { el, sel, renderShared } = window.adeRunStream; // ade/runstream.js
   const turnEl = (turnId) => document.getElementById(`turn-${turnId}`);
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
   function emit(name, detail) { document.body.dispatchEvent(new CustomEvent(name, { detail })); }
@@ -39,64 +27,12 @@
     }
     return box.querySelector(".speaker-body");
   }
-  function part(body, cls, id, build) {
-    let node = body.querySelector(`.${cls}[data-msg-id="${sel(id)}"]`);
-    if (!node) { node = build(); body.append(node); }
-    return node;
-  }
-  const bubble = (cls, id) => () => el("div", { class: `ev ${cls}`, "data-msg-id": id }, el("div", { class: "bubble" }));
-  const reasoning = (id) => () => el("details", { class: "ev ev-reasoning", "data-msg-id": id, open: true },
-    el("summary", {}, el("span", { class: "ev-label" }, "Reasoning")), el("div", { class: "ev-text" }));
-  function toolCall(body, callId, name) {
-    let node = body.querySelector(`.ev-tool-call[data-call-id="${sel(callId)}"]`);
-    if (!node) {
-      node = el("details", { class: "ev ev-tool-call", "data-call-id": callId, open: true },
-        el("summary", {}, el("span", { class: "ev-label" }, "Tool call"), " ", el("code", { class: "tool-name" }, name || "")),
-        el("pre", { class: "json" }));
-      body.append(node);
-    }
-    if (name) node.querySelector(".tool-name").textContent = name;
-    return node;
-  }
-
   function render(body, event) {
-    switch (event.message_type) {
-      case "delta": {
-        const id = event.message_id || `${event.step_id}`;
-        if (event.kind === "content") {
-          const node = part(body, "ev-assistant", id, bubble("ev-assistant", id));
-          node.classList.add("streaming");
-          node.querySelector(".bubble").textContent += event.text || "";
-        } else if (event.kind === "reasoning") {
-          part(body, "ev-reasoning", id, reasoning(id)).querySelector(".ev-text").textContent += event.text || "";
-        } else if (event.kind === "tool_call_args" && event.tool_call_id) {
-          toolCall(body, event.tool_call_id, event.tool_name).querySelector("pre").textContent += event.text || "";
-        }
-        break;
-      }
-      case "assistant_message": {
-        const node = part(body, "ev-assistant", event.id, bubble("ev-assistant", event.id));
-        node.classList.remove("streaming");
-        node.querySelector(".bubble").textContent = event.content || "";
-        break;
-      }
-      case "reasoning_message":
-        part(body, "ev-reasoning", event.id, reasoning(event.id)).querySelector(".ev-text").textContent = event.reasoning || "";
-        break;
-      case "tool_call_message": {
-        const call = event.tool_call || {};
-        toolCall(body, call.tool_call_id, call.name).querySelector("pre").textContent = call.arguments || "{}";
-        break;
-      }
-      case "tool_return_message":
-        body.append(el("details", { class: "ev ev-tool-return", "data-call-id": event.tool_call_id },
-          el("summary", {}, el("span", { class: "ev-label" }, "Tool return"), " ", el("code", { class: "tool-name" }, event.name || "")),
-          el("pre", { class: "json" }, event.tool_return || "")));
-        break;
-      case "error_message":
-        body.append(el("div", { class: "msg msg-error" }, event.message || event.detail || "The run failed."));
-        break;
-      default: break;
+    if (renderShared(body, event)) return;
+    if (event.message_type === "tool_return_message") {
+      body.append(el("details", { class: "ev ev-tool-return", "data-call-id": event.tool_call_id },
+        el("summary", {}, el("span", { class: "ev-label" }, "Tool return"), " ", el("code", { class: "tool-name" }, event.name || "")),
+        el("pre", { class: "json" }, event.tool_return || "")));
     }
   }
 
@@ -144,8 +80,7 @@
     const entry = followed.get(turnId);
     if (!entry) return;
     followed.delete(turnId);
-    clearTimeout(entry.timer);
-    try { entry.ws?.close(); } catch (_) { /* closed */ }
+    entry.socket?.stop();
   }
 
   function follow(turn) {
@@ -156,38 +91,22 @@
     const current = followed.get(turnId);
     if (current && current.runId === runId) return;
     stop(turnId);
-    const entry = { runId, ws: null, cursor: "0-0", retries: 0, timer: null };
+    const entry = { runId, socket: null };
     followed.set(turnId, entry);
-    connect(turnId, entry);
-  }
-
-  function connect(turnId, entry) {
-    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(`${scheme}//${location.host}/ws/runs/${encodeURIComponent(entry.runId)}/?after=${encodeURIComponent(entry.cursor)}`);
-    entry.ws = ws;
     const mine = () => followed.get(turnId) === entry;
-    ws.onopen = () => { entry.retries = 0; };
-    ws.onmessage = (message) => {
-      if (!mine()) return;
-      let data;
-      try { data = JSON.parse(message.data); } catch (_) { return; }
-      if (data.type === "ping") { moveOn(turnId, entry.runId, 1); return; }
-      if (!data.event) return;
-      if (data.cursor) entry.cursor = data.cursor;
-      const event = data.event;
-      emit("ade:group-run-event", { turn_id: turnId, run_id: entry.runId, event });
-      if (event.message_type === "run_end") { moveOn(turnId, entry.runId); return; }
-      const turn = turnEl(turnId);
-      const body = turn && speakerBody(turn, entry.runId);
-      if (body) render(body, event);
-    };
-    ws.onclose = (close) => {
-      if (!mine()) return;
-      if (close.code === 4401 || close.code === 4404 || close.code === 4429) { stop(turnId); return; }
-      entry.retries += 1;
-      entry.timer = setTimeout(() => { if (mine()) connect(turnId, entry); }, Math.min(5000, 300 * 2 ** Math.min(entry.retries, 5)));
-      if (entry.retries >= 3) moveOn(turnId, entry.runId, 1);
-    };
+    entry.socket = window.adeRunStream.follow(runId, "0-0", {
+      onPing: () => { if (mine()) moveOn(turnId, runId, 1); },
+      onEvent: (event) => {
+        if (!mine()) return;
+        emit("ade:group-run-event", { turn_id: turnId, run_id: runId, event });
+        if (event.message_type === "run_end") { moveOn(turnId, runId); return; }
+        const turn = turnEl(turnId);
+        const body = turn && speakerBody(turn, runId);
+        if (body) render(body, event);
+      },
+      onRetry: (retries) => { if (mine() && retries >= 3) moveOn(turnId, runId, 1); },
+      onRefused: () => { if (mine()) stop(turnId); },
+    });
   }
 
   function init(root) {
