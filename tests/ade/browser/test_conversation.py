@@ -4,8 +4,9 @@ loop against the scripted LLM. Tokens must show up while the run is still going.
 from __future__ import annotations
 
 import re
+from typing import cast
 
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 
 from apps.agents.models import Run
 from apps.agents.services import BlockSpec, agent_create
@@ -106,7 +107,7 @@ def test_a_socket_that_goes_silent_without_closing_is_replaced(ade: Ade, llm) ->
     # pings stop too. The page must drop it and resume from its cursor on a new one, not wait for TCP.
     agent = make_agent(ade)
     llm.push(text(REPLY, chunk_delay=0.15))
-    page = ade.page
+    page = cast(Page, ade.page)
     urls: list[str] = []
 
     def relay(route) -> None:
