@@ -13,8 +13,13 @@ Same wire format, embeddings and SSE chunks as the scripted server; three things
 - **Lean**: request bodies are not kept and usage is estimated from the body size, so the stand-in
   costs the shared CPUs as little as possible.
 
-``POST /_bench/config {"latency": 0.05}`` sets a fixed latency (seconds before the first byte) for
-every chat completion. Run: ``python -m bench.llm_server --port 8899``.
+``POST /_bench/config {"latency": 0.3, "tokens_per_s": 50, "reply_tokens": 50}`` sets a fixed latency
+(seconds before the first token) for every chat completion, and optionally a generation rate: a stream
+then sends its tokens (reply words, tool-call argument pieces) that many a second after the first, and a
+blocking call answers after latency + tokens / rate; ``reply_tokens`` makes text replies that many words
+long (default: the short reply). Each key is optional; 0 turns it off (the default: no latency, every
+token at once). Run: ``python -m bench.llm_server --port 8899`` (``--latency`` etc. set the same at start,
+for a server another platform is pointed at before a comparison run).
 """
 
 from __future__ import annotations
@@ -50,11 +55,19 @@ class _BenchCompletion(scripted._Completion):
         return {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8}
 
 
-def choose_turn(body: dict[str, Any]) -> scripted.Turn:
+def reply_text(words: int) -> str:
+    """The text reply: the short one, or `words` words (one token each for the scripted tokenizer)."""
+    if words <= 0:
+        return REPLY
+    filler = ["and", "that", "is", "all", "I", "have", "to", "say", "about", "it", "for", "now"]
+    return " ".join(["Noted,", "thanks."][:words] + [filler[i % len(filler)] for i in range(words - 2)])
+
+
+def choose_turn(body: dict[str, Any], reply: str = REPLY) -> scripted.Turn:
     messages = body.get("messages") or []
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
-        return {"content": REPLY}
+        return {"content": reply}
     tools = {t.get("function", {}).get("name") for t in body.get("tools") or []}
     if "memory_replace" in tools and REMEMBER in _new_user_text(messages):
         system = scripted._message_text(messages[0].get("content")) if messages else ""
@@ -70,7 +83,7 @@ def choose_turn(body: dict[str, Any]) -> scripted.Turn:
                 {"id": scripted._call_id(), "name": "memory_replace", "arguments": json.dumps(arguments)}
             ]
         }
-    return {"content": REPLY}
+    return {"content": reply}
 
 
 def _new_user_text(messages: list[dict[str, Any]]) -> str:
@@ -89,6 +102,20 @@ class _Timings:
         self.lock = threading.Lock()
         self.entries: list[list[Any]] = []  # [kind, started (epoch s), duration s, ttft s or None]
         self.latency = 0.0
+        self.tokens_per_s = 0.0  # 0: every token at once
+        self.reply_tokens = 0  # 0: the short reply
+
+    def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
+        if "latency" in changes:
+            self.latency = max(0.0, float(changes["latency"]))
+        if "tokens_per_s" in changes:
+            self.tokens_per_s = max(0.0, float(changes["tokens_per_s"]))
+        if "reply_tokens" in changes:
+            self.reply_tokens = max(0, int(changes["reply_tokens"]))
+        return self.config()
+
+    def config(self) -> dict[str, Any]:
+        return {"latency": self.latency, "tokens_per_s": self.tokens_per_s, "reply_tokens": self.reply_tokens}
 
     def add(self, kind: str, started: float, duration: float, ttft: float | None) -> None:
         with self.lock:
@@ -109,6 +136,15 @@ class _BenchHandler(scripted._Handler):
     _started_wall = 0.0
     _started = 0.0
     _ttft: float | None = None
+    close_after_response = False  # --close-connections
+
+    def end_headers(self) -> None:
+        if self.close_after_response:
+            # Letta 0.16.7 makes a new OpenAI client per LLM call and never closes it: with keep-alive,
+            # its connections linger and a later turn stalls for about a minute (seen on its first turn).
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        super().end_headers()
 
     def _record(self, body: Any, raw: str, **extra: Any) -> None:
         """No request log: bodies of long conversations would cost memory and CPU."""
@@ -132,9 +168,7 @@ class _BenchHandler(scripted._Handler):
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/_bench/config":
             body, _ = self._read_body()
-            if isinstance(body, dict) and "latency" in body:
-                TIMINGS.latency = float(body["latency"])
-            self._send_json(200, {"latency": TIMINGS.latency})
+            self._send_json(200, TIMINGS.configure(body if isinstance(body, dict) else {}))
             return
         super().do_POST()
         if path.startswith("/v1/"):
@@ -145,15 +179,46 @@ class _BenchHandler(scripted._Handler):
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._send_error_body(400, "bench LLM: request body must be JSON with a 'messages' list")
             return
-        turn = scripted.validate_turn(choose_turn(body))
+        turn = scripted.validate_turn(choose_turn(body, reply_text(TIMINGS.reply_tokens)))
         if TIMINGS.latency:
             time.sleep(TIMINGS.latency)
         completion = _BenchCompletion(body, turn, len(raw))
+        rate = TIMINGS.tokens_per_s
         if body.get("stream"):
             self._stream(completion, turn)
         else:
+            if rate:  # the whole answer is generated before a blocking call returns
+                time.sleep(len(completion.output_pieces()) / rate)
             self._ttft = time.perf_counter() - self._started
             self._send_json(200, completion.full())
+
+    def _stream(self, completion: scripted._Completion, turn: scripted.Turn) -> None:
+        """The scripted server's stream, with the tokens paced at `tokens_per_s` after the first one
+        (on a schedule from the first, so sleep overruns do not add up)."""
+        rate = TIMINGS.tokens_per_s
+        if not rate:
+            super()._stream(completion, turn)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        first: float | None = None
+        sent = 0
+        for event in completion.chunks():
+            if _carries_token(event):
+                if first is None:
+                    first = time.perf_counter()
+                else:
+                    delay = first + sent / rate - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                sent += 1
+            self._write_chunk(f"data: {json.dumps(event)}\n\n".encode())
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     def _write_chunk(self, data: bytes) -> None:
         if self._ttft is None and (
@@ -161,6 +226,17 @@ class _BenchHandler(scripted._Handler):
         ):
             self._ttft = time.perf_counter() - self._started
         super()._write_chunk(data)
+
+
+def _carries_token(event: dict[str, Any]) -> bool:
+    """A stream chunk with a generated token: a content word or a piece of a tool call's arguments."""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content"):
+            return True
+        if any((call.get("function") or {}).get("arguments") for call in delta.get("tool_calls") or []):
+            return True
+    return False
 
 
 class BenchLLMServer(scripted.ScriptedLLMServer):
@@ -198,6 +274,10 @@ class BenchLLMClient:
     def set_latency(self, seconds: float) -> None:
         self._call("POST", "/_bench/config", {"latency": seconds})
 
+    def configure(self, **changes: float) -> dict[str, Any]:
+        """latency (s), tokens_per_s, reply_tokens; returns the server's whole configuration."""
+        return dict(self._call("POST", "/_bench/config", changes))
+
     def timings(self, since: int = 0) -> list[list[Any]]:
         return list(self._call("GET", f"/_bench/timings?since={since}")["timings"])
 
@@ -210,8 +290,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Scripted LLM stand-in for the benchmarks (not an LLM).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8899)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before the first token")
+    parser.add_argument("--tokens-per-s", type=float, default=0.0, help="generation rate (0: all at once)")
+    parser.add_argument("--reply-tokens", type=int, default=0, help="words in a text reply (0: short)")
+    parser.add_argument(
+        "--close-connections",
+        action="store_true",
+        help="close each connection after its response (for a Letta server: see _BenchHandler)",
+    )
     args = parser.parse_args(argv)
-    server = BenchLLMServer(args.host, args.port)
+    TIMINGS.configure(
+        {"latency": args.latency, "tokens_per_s": args.tokens_per_s, "reply_tokens": args.reply_tokens}
+    )
+    _BenchHandler.close_after_response = args.close_connections
+    # Letta lists an OpenAI-compatible endpoint's models and knows a context window only for names it
+    # knows: the chat model the benchmarks use is listed under its own name.
+    server = BenchLLMServer(args.host, args.port, models=[*scripted.DEFAULT_MODELS, "gpt-4o-mini"])
     server.start()
     sys.stderr.write(f"bench LLM (scripted stand-in) listening on {server.url}\n")
     server.serve_forever()

@@ -12,6 +12,10 @@ the end, also on errors and on SIGTERM), and measures:
   archival     insert throughput, search at 10k and 100k passages, recall search at 100k messages
   sandbox      a custom tool call in Docker (cold, warm) and in the local bubblewrap jail
   folders      ingestion of uploads, embedding excluded: parse (PDF, DOCX, HTML in the parser jail) + chunk
+  realistic    a 300 ms + 50 tokens/s LLM, official SDK client: turns/s and p95 at 8, 32, 128 agents,
+               worker threads needed, first token added by the platform (bench/realistic.py)
+  compare      only with --compare-url (or BENCH_COMPARE_URL): the same SDK workload against another
+               Letta-compatible server and this platform, side by side (bench/compare.py)
 
 Each figure is the median of repeated runs, with the spread (max - min) of those runs.
 Options: --quick (small counts, for a smoke test), --only turns,throughput,... , --profile (write a
@@ -53,14 +57,24 @@ from apps.accounts.services import api_key_create  # noqa: E402
 from apps.agents.models import Run  # noqa: E402
 from apps.agents.services import BlockSpec, agent_create  # noqa: E402
 from apps.core.actor import Actor, Role  # noqa: E402
-from bench import archival, inprocess, spy, turns  # noqa: E402
+from bench import archival, compare, inprocess, spy, turns  # noqa: E402
 from bench.stack import Platform  # noqa: E402
 from bench.stats import across, percentile  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 MODEL = "openai/gpt-4o-mini"
 EMBEDDING = archival.EMBEDDING_HANDLE
-PHASES = ("turns", "throughput", "memory", "inprocess", "archival", "sandbox", "folders")
+PHASES = (
+    "turns",
+    "throughput",
+    "memory",
+    "inprocess",
+    "archival",
+    "sandbox",
+    "folders",
+    "realistic",
+    "compare",
+)
 
 FULL = {
     "runs": 3,
@@ -463,6 +477,10 @@ def rows(results: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
         from bench.folders_bench import table_rows
 
         out.extend(table_rows(results["folders"]))
+    if "realistic" in results:
+        from bench.realistic import table_rows as realistic_rows
+
+        out.extend(realistic_rows(results["realistic"]))
     return out
 
 
@@ -481,6 +499,12 @@ def print_table(results: dict[str, Any]) -> str:
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)
         spread_shown = f"{spread:.2f}" if isinstance(spread, float) else str(spread)
         lines.append(f"{name:62} {shown:>12} {spread_shown:>9} {unit:>11}  {bar}")
+    if "compare" in results:
+        lines += [
+            "",
+            "side by side, official SDK client (median ±spread of the rounds):",
+            *results["compare"]["table"],
+        ]
     for name, error in results.get("errors", {}).items():
         lines.append(f"ERROR in {name}: {error.splitlines()[0][:200]}")
     text = "\n".join(lines)
@@ -557,6 +581,7 @@ def main(argv: list[str]) -> int:
         help="DATABASE_CONN_MAX_AGE of the daphne process without a pool (default 0; 300 leaks "
         "connections under daphne: see bench/RESULTS.md)",
     )
+    compare.compare_options(parser)
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     only = {p.strip() for p in args.only.split(",") if p.strip()}
@@ -605,7 +630,7 @@ def main(argv: list[str]) -> int:
         if args.py_spy:
             spy_profiles(cfg, tenant, platform)
         else:
-            measure(cfg, only, results, tenant, platform, profile=args.profile)
+            measure(cfg, only, results, tenant, platform, profile=args.profile, args=args)
     except KeyboardInterrupt:
         log("interrupted: stopping the platform, deleting the benchmark data, keeping what was measured")
         results["interrupted"] = True
@@ -639,6 +664,7 @@ def measure(
     platform: Platform,
     *,
     profile: bool,
+    args: argparse.Namespace | None = None,
 ) -> None:
     runs = cfg["runs"]
     turn_total = 0
@@ -675,6 +701,21 @@ def measure(
         if "memory" in only:
             with phase("resident memory", results):
                 results["memory"] = resident_memory(cfg, tenant, platform, turn_total)
+    if "compare" in only and args is not None and args.compare_url:
+        with phase(f"side by side with {args.compare_url} (official SDK)", results):
+            results["compare"] = compare.side_by_side(
+                compare.Target("this platform", platform.web_url, tenant.api_key, platform.llm),
+                compare.Target(
+                    args.compare_url,
+                    args.compare_url,
+                    args.compare_key or "none",
+                    compare.reachable_llm(args.compare_llm_url),
+                ),
+                quick=args.quick,
+                log=log,
+            )
+    elif "compare" in only:
+        log("--- side by side: skipped (no --compare-url or BENCH_COMPARE_URL)")
     platform.stop_servers()
     if "inprocess" in only:
         with phase("SQL statements per turn and step", results):
@@ -710,6 +751,16 @@ def measure(
             from bench.folders_bench import ingestion_figures
 
             results["folders"] = ingestion_figures(repeat=cfg["folders_repeat"])
+    if "realistic" in only:
+        with phase("realistic LLM latency (300 ms + 50 tokens/s), official SDK", results):
+            from bench.realistic import realistic_figures
+
+            results["realistic"] = realistic_figures(
+                tenant,
+                quick=bool(cfg is QUICK),
+                web_db_pool=args.web_db_pool if args is not None else "16",
+                log=log,
+            )
 
 
 def spy_profiles(cfg: dict[str, Any], tenant: Tenant, platform: Platform) -> None:
