@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-hosts lint format check migrations shell clean
+.PHONY: run test bench bench-hosts bench-scale lint format check migrations shell clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ bench: $(STAMP)  ## benchmarks (prints a table, writes bench/results/)
 
 bench-hosts: $(STAMP)  ## turns/s with one and with two worker hosts, same cores (bench/worker_hosts.py)
 	echo "$(PY) -m bench.worker_hosts" | DATA_DIR=$${DATA_DIR:-var}/bench-hosts $(PY) scripts/devenv.py shell
+
+bench-scale: $(STAMP)  ## 10k agents, 1M messages, 1M passages: seeded once (~1 h on 2 cores, kept), then measured
+	DATA_DIR=$${DATA_DIR:-var}/scale-bench $(PY) scripts/devenv.py manage migrate --noinput --verbosity 0
+	echo "$(PY) -m bench.scale_bench $(ARGS)" | DATA_DIR=$${DATA_DIR:-var}/scale-bench $(PY) scripts/devenv.py shell
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
