@@ -176,6 +176,8 @@ class Platform:
                     "--without-mingle",
                     "--without-heartbeat",
                 ],
+                # prepared statements for the workers, as `make run` (config/settings.py)
+                DATABASE_SERVER_SIDE_BINDING=os.environ.get("DATABASE_SERVER_SIDE_BINDING", "true"),
             )
         self._wait_ready(timeout)
         return self

@@ -133,6 +133,17 @@ if DATABASE_POOL_MAX_SIZE > 0:
         "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
     }
 
+# Server-side parameter binding with prepared statements (psycopg; Django's default is client-side
+# binding, where PostgreSQL parses and plans every statement afresh). A worker repeats the same ~20
+# statements every turn: prepared, PostgreSQL's CPU per memory turn fell by about a third (bench/cpu_turn.py).
+# `make run` and the bench turn it on for the Celery workers only (the worker's code is what the tests
+# run with it: DATABASE_SERVER_SIDE_BINDING=true pytest tests/agents).
+DATABASE_SERVER_SIDE_BINDING = env.bool("DATABASE_SERVER_SIDE_BINDING", default=False)
+if DATABASE_SERVER_SIDE_BINDING:
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=2)
+    )
+
 REDIS_URL = env.str("REDIS_URL")
 # Django's cache, where the API's throttles count: Redis, so that every web process shares the counts.
 CACHES = {

@@ -307,9 +307,16 @@ def run_platform() -> int:
     # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process takes
     # its connections from a pool; workers keep theirs (persistent connections).
     web_env = {**os.environ, "DATABASE_POOL_MAX_SIZE": os.environ.get("WEB_DATABASE_POOL_MAX_SIZE", "16")}
+    # Workers repeat the same statements every turn: prepared (server-side binding), PostgreSQL plans
+    # them once per connection (config/settings.py).
+    worker_env = {
+        **os.environ,
+        "DATABASE_SERVER_SIDE_BINDING": os.environ.get("WORKER_DATABASE_SERVER_SIDE_BINDING", "true"),
+    }
 
     def start(name: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(commands[name], cwd=ROOT, env=web_env if name == "web" else None)
+        env = web_env if name == "web" else worker_env if name == "worker" else None
+        return subprocess.Popen(commands[name], cwd=ROOT, env=env)
 
     children = {name: start(name) for name in commands}
     restarts = {name: Restarts() for name in commands}

@@ -7,6 +7,7 @@ providers add their own per-message overhead, so callers keep a safety margin.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -19,6 +20,16 @@ logger = logging.getLogger(__name__)
 CHARS_PER_TOKEN = 4
 """Fallback ratio when litellm cannot count: about 4 characters per token for English text."""
 
+COUNT_CACHE_SIZE = 1024
+_counted: dict[tuple[str, bytes], int] = {}  # (model, digest of messages and tools) -> tokens: count_tokens
+
+
+def _count_key(
+    name: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[str, bytes]:
+    text = json.dumps([messages, tools], separators=(",", ":"), default=str)
+    return name, hashlib.blake2b(text.encode(), digest_size=16).digest()
+
 
 def count_tokens(
     model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -29,8 +40,13 @@ def count_tokens(
     counted at a fixed size instead of being downloaded.
     """
     name = model.split("/", 1)[1] if model.startswith(("openai/", "anthropic/", "ollama/")) else model
+    # A step counts its system message and its tool schemas, which seldom change from one step to the
+    # next: those (at most one message) are remembered by their JSON text (~0.4 + 0.15 ms a step).
+    key = _count_key(name, messages, tools) if len(messages) <= 1 else None
+    if key is not None and (known := _counted.get(key)) is not None:
+        return known
     try:
-        return int(
+        count = int(
             litellm.token_counter(
                 model=name, messages=messages, tools=tools or None, use_default_image_token_count=True
             )
@@ -38,6 +54,11 @@ def count_tokens(
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         logger.warning("llm.token_count_fallback", extra={"model": model, "error": str(exc)})
         return estimate_tokens(json.dumps(messages, default=str) + json.dumps(tools or [], default=str))
+    if key is not None:
+        if len(_counted) >= COUNT_CACHE_SIZE:
+            _counted.clear()  # a few hundred agents' system messages; a miss costs one count
+        _counted[key] = count
+    return count
 
 
 def count_text_tokens(model: str, text: str) -> int:

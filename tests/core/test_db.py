@@ -3,9 +3,9 @@
 from django.db import connection, models
 
 from apps.agents.models import Message
-from apps.core.db import fetch_instances
+from apps.core.db import fetch_instances, insert_sql
 from apps.llm.models import Provider
-from tests.factories import MessageFactory, ProviderFactory
+from tests.factories import AgentFactory, MessageFactory, ProviderFactory
 
 
 def field_values(instance: models.Model) -> dict[str, object]:
@@ -64,3 +64,25 @@ def test_ids_traces_and_embeddings_are_stored_without_a_compression_attempt(db):
         storage = {(table, column): mode for table, column, mode in cursor.fetchall()}
 
     assert storage == dict.fromkeys(INCOMPRESSIBLE, "e")  # EXTERNAL
+
+
+def _stored_content(org, count: int) -> tuple[str, list[object]]:
+    from apps.core.db import insert_all
+
+    tricky = [{"type": "text", "text": 'quote " backslash \\ newline \n unicode é \u2603'}]
+    agent = AgentFactory(organization=org)
+    rows = [
+        MessageFactory.build(organization=org, agent=agent, content=tricky, name=f"m{i:05}")
+        for i in range(count)
+    ]
+    statement = insert_sql(Message, rows)[0]
+    insert_all((Message, rows))
+    stored = Message.objects.for_org(org.id).filter(id__in=[r.id for r in rows]).order_by("name")
+    return statement, [m.content for m in stored]
+
+
+def test_a_turns_rows_are_inserted_as_values_and_read_back_unchanged(org):
+    statement, contents = _stored_content(org, 3)
+    assert " VALUES (" in statement
+    assert "UNNEST" not in statement
+    assert contents == [[{"type": "text", "text": 'quote " backslash \\ newline \n unicode é \u2603'}]] * 3

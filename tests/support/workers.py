@@ -130,5 +130,7 @@ def worker_env(llm_url: str, **extra: str) -> dict[str, str]:
         "LLM_RETRY_BASE_DELAY": "0.001",
         "LLM_RETRY_MAX_DELAY": "0.01",
         "RUN_EXECUTOR": "celery",
+        # prepared statements, as `make run` starts its workers (scripts/devenv.py)
+        "DATABASE_SERVER_SIDE_BINDING": os.environ.get("WORKER_DATABASE_SERVER_SIDE_BINDING", "true"),
         **extra,
     }
