@@ -3,6 +3,7 @@
 from apps.ade.views import (
     account,
     agents,
+    archives,
     auth,
     folders,
     git_memory,
@@ -24,6 +25,7 @@ urlpatterns = [
     *workspace.urlpatterns,
     *tools.urlpatterns,
     *folders.urlpatterns,
+    *archives.urlpatterns,
     *runs.urlpatterns,
     *llm_calls.urlpatterns,
     *groups.urlpatterns,

@@ -156,3 +156,15 @@ def agent_archival_passages(
 ) -> QuerySet[Passage]:
     """The agent's passages, newest first, optionally only those tagged `tag` (paginate them)."""
     return passage_list(actor=actor, archive_ids=archival.archive_ids, tags=[tag] if tag else None)
+
+
+def archive_list_with_usage(*, actor: Actor) -> QuerySet[Archive]:
+    """The organisation's archives by name, each with `passage_count` and `agent_count` (the ADE's list)."""
+    return (
+        archive_list(actor=actor)
+        .annotate(
+            passage_count=Count("passages", distinct=True),
+            agent_count=Count("agents", distinct=True),
+        )
+        .order_by("name", "id")
+    )

@@ -36,7 +36,8 @@ from apps.folders.ingest import ingest_file
 from apps.folders.models import AgentFile, FileMetadata, Folder
 from apps.llm.models import Provider
 from apps.llm.services import provider_create
-from apps.memory.models import Block, Passage
+from apps.memory import services as memory_services
+from apps.memory.models import Archive, Block, Passage
 from apps.memory.selectors import block_history
 from apps.memory.services import block_update
 from apps.tools.models import MCPServer, Tool
@@ -45,7 +46,7 @@ from tests.api.test_role_matrix import ADD, EVIL_ADD, _hostile_file
 from tests.support.scripted_llm import ScriptedLLM, text, tool_call, tool_calls
 
 ROLES = ("owner", "admin", "creator", "member")
-HTMX = {"HTTP_HX_REQUEST": "true"}
+HTMX: dict[str, Any] = {"HTTP_HX_REQUEST": "true"}
 MUL = ADD.replace("def add", "def mul").replace("Add two", "Multiply two").replace("a + b", "a * b")
 MAX_TWICE = {"type": "max_count_per_step", "tool_name": "add", "max_count_limit": 2}
 APPROVE_INSERTS = [{"type": "requires_approval", "tool_name": "memory_insert"}]
@@ -107,7 +108,7 @@ class Case:
 
     name: str
     action: Action
-    act: Callable[[Client, World], HttpResponse]
+    act: Callable[[Client, World], Any]  # the test client's response
     changed: Callable[[World], bool]
     prepare: Callable[[World, str], None] = lambda world, role: None
     by_creator: bool = True  # the object has a creator (the "creator" member)
@@ -238,6 +239,20 @@ def _with_folder(world: World, role: str) -> None:
     world.extra["folder"] = folder_services.folder_create(
         actor=world.creator, name="handbook", embedding_handle=FOLDER_EMBEDDING
     )
+
+
+def _with_archive(world: World, role: str) -> None:
+    """The creator's shared archive with one passage."""
+    archive = memory_services.archive_create(actor=world.creator, name="notes")
+    _, [passage] = memory_services.archive_passages_create(
+        actor=world.creator, archive_id=archive.id, passages=[memory_services.PassageSpec(text="kept")]
+    )
+    world.extra["archive"], world.extra["passage"] = archive, passage
+
+
+def _archive_texts(world: World) -> set[str]:
+    passages = Passage.objects.unscoped().filter(archive_id=world.extra["archive"].id)
+    return set(passages.values_list("text", flat=True))
 
 
 def _with_file(world: World, role: str) -> None:
@@ -481,6 +496,42 @@ CASES = [
         lambda w: not FileMetadata.objects.unscoped().filter(id=w.extra["file"].id).exists(),
         prepare=_with_file,
     ),
+    # --- archive pages --------------------------------------------------------------------------------------
+    Case(
+        "create an archive",
+        Action.ARCHIVE_CREATE,
+        lambda c, w: c.post(reverse("ade:archive-create"), {"name": "shared", "embedding": ""}, **HTMX),
+        lambda w: Archive.objects.unscoped().filter(name="shared").exists(),
+        by_creator=False,
+        allowed_status=(204,),
+    ),
+    Case(
+        "delete an archive",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(reverse("ade:archive-delete", args=[w.extra["archive"].id]), **HTMX),
+        lambda w: not Archive.objects.unscoped().filter(id=w.extra["archive"].id).exists(),
+        prepare=_with_archive,
+        allowed_status=(204,),
+    ),
+    Case(
+        "add a passage to an archive",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:archive-passage-add", args=[w.extra["archive"].id]), {"text": "added"}, **HTMX
+        ),
+        lambda w: "added" in _archive_texts(w),
+        prepare=_with_archive,
+    ),
+    Case(
+        "delete a passage of an archive",
+        Action.ARCHIVE_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:archive-passage-delete", args=[w.extra["archive"].id, w.extra["passage"].id]),
+            **HTMX,
+        ),
+        lambda w: "kept" not in _archive_texts(w),
+        prepare=_with_archive,
+    ),
     # --- the workspace's Folders panel (the agent's creator's folder: AGENT_CONFIGURE and ARCHIVE_WRITE) --
     Case(
         "attach a folder to the agent",
@@ -665,8 +716,7 @@ def test_every_matrix_action_the_ade_offers_is_driven() -> None:
         Action.TOOL_PIP_REQUIREMENTS,  # the ADE's tool editor has no such field: the API's tests drive it
         Action.API_KEY_MINT_FOR_OTHERS,
         Action.MEMBER_MANAGE,
-        # No ADE pages yet (issue 18): the API's tests drive them. (Archives share ARCHIVE_CREATE and
-        # ARCHIVE_WRITE with folders, whose pages drive them above.)
+        # No ADE pages yet (issue 18): the API's tests drive them.
         Action.CONVERSATION_WRITE,
         Action.IDENTITY_CREATE,
         Action.IDENTITY_WRITE,

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,6 +22,9 @@ from tests.factories import MembershipFactory, OrganizationFactory, UserFactory
 from tests.support.ade_server import CHROMIUM_ARGS, AdeServer, chromium_path
 from tests.support.scripted_llm import ScriptedLLMServer
 from tests.support.workers import ROOT, WorkerProcess, worker_env
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 PASSWORD = "pw-for-tests-1"
 ARTIFACTS = Path(os.environ.get("ADE_ARTIFACTS_DIR") or ROOT / "test-artifacts" / "screenshots")
@@ -83,7 +87,7 @@ class Ade:
     org: Organization
     user: User
     actor: Actor
-    page: object  # playwright.sync_api.Page
+    page: Page
 
     def url(self, path: str) -> str:
         return self.server.url + path
@@ -122,7 +126,7 @@ def new_page(browser: object, ade_server: AdeServer) -> Iterator[Callable[[], ob
 
 
 @pytest.fixture
-def ade(ade_server: AdeServer, new_page: Callable[[], object], llm) -> Ade:
+def ade(ade_server: AdeServer, new_page: Callable[[], Page], llm) -> Ade:
     """An owner of a fresh organisation, signed in through the login form."""
     org = OrganizationFactory()
     user = MembershipFactory(organization=org, role=Role.OWNER, user=UserFactory(password=PASSWORD)).user

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
-from playwright.sync_api import expect
+from playwright.sync_api import FilePayload, expect
 
 from apps.agents.services import BlockSpec, agent_create
 from apps.core.errors import DomainError
@@ -51,8 +51,8 @@ def test_pick_two_files_watch_them_upload_and_ingest_and_see_dropped_files_refus
 
     page.get_by_test_id("upload-input").set_input_files(
         [
-            {"name": "notes.txt", "mimeType": "text/plain", "buffer": NOTES},
-            {"name": "guide.md", "mimeType": "text/markdown", "buffer": GUIDE},
+            FilePayload(name="notes.txt", mimeType="text/plain", buffer=NOTES),
+            FilePayload(name="guide.md", mimeType="text/markdown", buffer=GUIDE),
         ]
     )
 

@@ -68,6 +68,8 @@ def test_write_a_tool_see_its_schema_live_save_and_run_it(ade: Ade, screenshot) 
     screenshot(page, "tool-editor")
     page.set_viewport_size({"width": 1280, "height": 800})
     source, side = page.locator(".tool-source").bounding_box(), page.locator(".tool-side").bounding_box()
+    assert source is not None
+    assert side is not None
     assert side["x"] >= source["x"] + source["width"]  # still side by side: schema and run beside the code
     screenshot(page, "tool-editor-1280")
     page.set_viewport_size({"width": 1920, "height": 1080})
