@@ -54,7 +54,9 @@ def ade_server(
     django_db_setup, scripted_server: ScriptedLLMServer, celery_worker: WorkerProcess, tmp_path_factory
 ) -> Iterator[AdeServer]:
     """daphne on the test database; the session's Celery worker executes the runs it submits."""
-    server = AdeServer(worker_env(scripted_server.url), Path(tmp_path_factory.mktemp("daphne"))).wait_ready()
+    # The web process as `make run` starts it: client-side binding (only workers prepare statements).
+    env = worker_env(scripted_server.url, DATABASE_SERVER_SIDE_BINDING="false")
+    server = AdeServer(env, Path(tmp_path_factory.mktemp("daphne"))).wait_ready()
     yield server
     server.stop()
 
