@@ -73,6 +73,7 @@ PHASES = (
     "sandbox",
     "folders",
     "realistic",
+    "tracing",
     "compare",
 )
 
@@ -481,6 +482,10 @@ def rows(results: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
         from bench.realistic import table_rows as realistic_rows
 
         out.extend(realistic_rows(results["realistic"]))
+    if "tracing" in results:
+        from bench.tracing_bench import table_rows as tracing_rows
+
+        out.extend(tracing_rows(results["tracing"]))
     return out
 
 
@@ -751,6 +756,12 @@ def measure(
             from bench.folders_bench import ingestion_figures
 
             results["folders"] = ingestion_figures(repeat=cfg["folders_repeat"])
+    if "tracing" in only:
+        with phase("tracing cost per turn (off, store, metrics, otlp)", results):
+            from bench.tracing_bench import tracing_figures
+
+            quick = {"rounds": 2, "turns": 5, "warmup": 2} if cfg is QUICK else {}
+            results["tracing"] = tracing_figures(tenant.actor, tenant.agent, **quick)
     if "realistic" in only:
         with phase("realistic LLM latency (300 ms + 50 tokens/s), official SDK", results):
             from bench.realistic import realistic_figures

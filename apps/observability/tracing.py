@@ -3,8 +3,11 @@
 Three modes, decided from settings when a process first asks for its tracer (`configure`):
 - OTEL_EXPORTER_OTLP_ENDPOINT set: a global SDK tracer provider exporting over OTLP/HTTP in batches, and
   the official instrumentations (Django, Celery, psycopg, redis, httpx). Celery carries the trace context
-  in the task's headers, so a run is one trace from the web request to the worker. The run's own spans
-  are also kept in the platform's store (below).
+  in the task's headers, so a run is one trace from the web request to the worker. Inside a run's
+  execution the instrumentations record only outbound HTTP (`quiet`: no span per SQL statement or Redis
+  command; the loop's spans carry their database time), and a client call in no trace starts none
+  (`InTraceClients`): what made exporting cost a turn. The run's own spans (the loop's, not the
+  instrumentations': those go to the collector only) are also kept in the platform's store (below).
 - else RUN_TRACES (default) or METRICS_TOKEN: a private SDK provider, never installed globally (so no
   instrumentation records), that only the agent loop's spans go through: each run's spans are kept in
   memory until its execution ends, then written in one statement (RunTrace) and counted into the
@@ -12,6 +15,9 @@ Three modes, decided from settings when a process first asks for its tracer (`co
 - neither: every helper here is a shared null context; nothing is allocated per span.
 
 Spans carry ids, names, counts and durations only: never a message, a tool's arguments or a secret.
+(The instrumentations' own: SQL without its parameters, Redis commands as `EVALSHA ? ? ?`.) Each stored
+span has the statements run directly in it and their time (`letta.db.statements`, `letta.db.time_ms`),
+the root the run's totals (`db.statements`, `db.time_ms`), in every mode.
 """
 
 from __future__ import annotations
@@ -30,10 +36,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.instrumentation.utils import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +70,27 @@ class RunSpans:
     dropped: int = 0
     db_statements: int = 0
     db_ns: int = 0
+    db_by_span: dict[int, list[int]] = field(default_factory=dict)  # span id -> [statements, ns]
 
 
 _current: contextvars.ContextVar[RunSpans | None] = contextvars.ContextVar("run_spans", default=None)
 
 
 class RunSpanCollector(SpanProcessor):
-    """Keeps the finished spans of the run executing in this context (same trace), up to
-    RUN_TRACE_MAX_SPANS; spans of other threads (an LLM call's watchdog) are not the run's."""
+    """Keeps the loop's finished spans of the run executing in this context (same trace), up to
+    RUN_TRACE_MAX_SPANS; spans of other threads (an LLM call's watchdog) are not the run's. The
+    instrumentations' spans (a span per statement, Redis command, HTTP call) are left to the exporter:
+    storing them doubled the store's work per turn, and their database time is on the loop's spans."""
 
     def on_end(self, span: ReadableSpan) -> None:
         collected = _current.get()
-        if collected is None or span.context is None or span.context.trace_id != collected.trace_id:
+        if (
+            collected is None
+            or span.context is None
+            or span.context.trace_id != collected.trace_id
+            or span.instrumentation_scope is None
+            or span.instrumentation_scope.name != SCOPE
+        ):
             return
         if len(collected.spans) < settings.RUN_TRACE_MAX_SPANS:
             collected.spans.append(span)
@@ -84,6 +102,35 @@ class RunSpanCollector(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+class InTraceClients(Sampler):
+    """Every trace is kept whole (the SDK's default, parent-based, always on), but a client call that is
+    in no trace starts none: a SQL statement, Redis command or HTTP request with no span around it (the
+    worker's broker polls every second, a web request's statements under daphne, whose requests have no
+    span of their own) would be a trace of one span each, most of what OTLP cost a turn and nothing an
+    operator can follow. Not sampling: no run's trace loses a span."""
+
+    _default = ParentBased(ALWAYS_ON)
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        if kind is SpanKind.CLIENT and not trace.get_current_span(parent_context).get_span_context().is_valid:
+            return SamplingResult(Decision.DROP)
+        return self._default.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return "InTraceClients"
 
 
 @dataclass
@@ -113,8 +160,13 @@ def configure(service_name: str | None = None) -> Telemetry:
         if not endpoint and not recording:
             _state = Telemetry(tracer=None)
             return _state
+        # The SDK logs a warning for every attribute it truncates to ATTRIBUTE_MAX_CHARS, which with the
+        # psycopg instrumentation is most SQL statements: a log line per statement.
+        logging.getLogger("opentelemetry.attributes").setLevel(logging.ERROR)
         resource = Resource.create({"service.name": service_name or settings.OTEL_SERVICE_NAME})
-        provider = TracerProvider(resource=resource, span_limits=LIMITS)
+        provider = TracerProvider(
+            resource=resource, span_limits=LIMITS, sampler=InTraceClients() if endpoint else None
+        )
         if endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -132,7 +184,7 @@ def instrument() -> None:
     """The official instrumentations, on the global provider. Django's adds a middleware, so this runs
     before the web process builds its handler (config/asgi.py, config/wsgi.py). The SDK's own
     OTEL_PYTHON_DISABLED_INSTRUMENTATIONS (comma-separated: django, celery, psycopg, redis, httpx) leaves
-    some out: a span per statement and Redis command is most of what exporting costs a turn."""
+    some out. httpx's transports get `_outbound` around the instrumentation's wrapper (see `quiet`)."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.django import DjangoInstrumentor
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
@@ -151,6 +203,36 @@ def instrument() -> None:
     ):
         if name not in disabled and not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
+            if name == "httpx":
+                import httpx
+                import wrapt
+
+                wrapt.wrap_function_wrapper(httpx.HTTPTransport, "handle_request", _outbound)
+                wrapt.wrap_function_wrapper(httpx.AsyncHTTPTransport, "handle_async_request", _outbound_async)
+
+
+def uninstrument() -> None:
+    """Undo `instrument` (the benchmark, which switches modes in one process)."""
+    import httpx
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.instrumentation.utils import unwrap
+
+    for instrumentor in (
+        DjangoInstrumentor(),
+        CeleryInstrumentor(),
+        PsycopgInstrumentor(),
+        RedisInstrumentor(),
+        HTTPXClientInstrumentor(),
+    ):
+        if instrumentor.is_instrumented_by_opentelemetry:
+            if isinstance(instrumentor, HTTPXClientInstrumentor):  # ours first: the outer wrapper
+                unwrap(httpx.HTTPTransport, "handle_request")
+                unwrap(httpx.AsyncHTTPTransport, "handle_async_request")
+            instrumentor.uninstrument()
 
 
 def reset_for_tests() -> None:
@@ -185,6 +267,20 @@ def _span(tracer: Tracer, name: str, attributes: dict[str, Any]) -> Iterator[Spa
             current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             current.set_attribute("error.type", type(exc).__name__)
             raise
+        finally:
+            _db_attributes(current)
+
+
+def _db_attributes(current: Span) -> None:
+    """The statements run directly in this span (not in its children) and their time, on the span
+    itself before it ends, so the collector has them as well as the store."""
+    collected = _current.get()
+    if collected is None:
+        return
+    counts = collected.db_by_span.get(current.get_span_context().span_id)
+    if counts is not None:
+        current.set_attribute("letta.db.statements", counts[0])
+        current.set_attribute("letta.db.time_ms", round(counts[1] / 1e6, 3))
 
 
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +308,7 @@ def run_trace(run: Any) -> Iterator[None]:
             collected.trace_id = root.get_span_context().trace_id
             _queue_wait(tracer, run)
             try:
-                with connection.execute_wrapper(_db_timer(collected)):
+                with connection.execute_wrapper(_db_timer(collected)), quiet():
                     yield
             except BaseException as exc:
                 root.set_status(Status(StatusCode.ERROR, type(exc).__name__))
@@ -223,6 +319,7 @@ def run_trace(run: Any) -> Iterator[None]:
                 root.set_attribute("letta.stop_reason", str(run.stop_reason or ""))
                 root.set_attribute("db.statements", collected.db_statements)
                 root.set_attribute("db.time_ms", round(collected.db_ns / 1e6, 3))
+                _db_attributes(root)
                 if run.status == "failed":
                     root.set_status(Status(StatusCode.ERROR, str(run.stop_reason)))
     finally:
@@ -238,18 +335,69 @@ def _queue_wait(tracer: Tracer, run: Any) -> None:
     queued.end(end_time=_ns(started))
 
 
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Around a run's execution in a worker (its claim, its turn, its stream's end), when exporting: the
+    instrumentations record nothing there but outbound HTTP (`_outbound`). A span per SQL statement and
+    Redis command (~25 a turn, one per streamed delta) was most of what OTLP cost a turn; the run's
+    database time is on the loop's spans instead (`letta.db.*`, each span's own statements), so the
+    trace still says where it went. The loop's own spans are not instrumentations': they record."""
+    if _state is None or not _state.exporting or otel_context.get_value(_SUPPRESS_KEY):
+        yield
+        return
+    token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _outbound(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    """Around httpx's transports, outside the instrumentation's wrapper: an HTTP call inside a run (the
+    LLM's, an MCP server's) keeps its span and its `traceparent` header (a provider such as vLLM joins
+    the trace)."""
+    if not otel_context.get_value(_SUPPRESS_KEY):
+        return wrapped(*args, **kwargs)
+    token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        otel_context.detach(token)
+
+
+async def _outbound_async(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    if not otel_context.get_value(_SUPPRESS_KEY):
+        return await wrapped(*args, **kwargs)
+    token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        otel_context.detach(token)
+
+
 def _ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1_000_000_000)
 
 
 def _db_timer(collected: RunSpans) -> Callable[..., Any]:
+    """Counts and times each statement of the run into the span it runs in (`letta.db.*`)."""
+    by_span = collected.db_by_span
+
     def timed(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        current = trace.get_current_span().get_span_context().span_id
         started = time.perf_counter_ns()
         try:
             return execute(sql, params, many, context)
         finally:
+            elapsed = time.perf_counter_ns() - started
             collected.db_statements += 1
-            collected.db_ns += time.perf_counter_ns() - started
+            collected.db_ns += elapsed
+            counts = by_span.get(current)
+            if counts is None:
+                by_span[current] = [1, elapsed]
+            else:
+                counts[0] += 1
+                counts[1] += elapsed
 
     return timed
 
@@ -264,7 +412,7 @@ def _finish(collected: RunSpans, run: Any) -> None:
                 run_id=collected.run_id,
                 organization_id=collected.organization_id,
                 trace_id=format(collected.trace_id, "032x"),
-                spans=[compact(span_row(s)) for s in collected.spans],
+                spans=[stored_row(s) for s in collected.spans],
                 dropped=collected.dropped,
             )
     except Exception:
@@ -343,6 +491,45 @@ def compact(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def stored_row(span: ReadableSpan) -> dict[str, Any]:
+    """`compact(span_row(span))` without building what it drops (the resource's attributes, the empty
+    columns): span_row was most of the store's CPU per span."""
+    context, parent = span.context, span.parent
+    start = span.start_time or 0
+    end = span.end_time or start
+    scope = span.instrumentation_scope
+    status = span.status
+    row: dict[str, Any] = {
+        "Timestamp": datetime.fromtimestamp(start / 1e9, UTC).isoformat(),
+        "TraceId": format(context.trace_id, "032x") if context else "",
+        "SpanId": format(context.span_id, "016x") if context else "",
+        "SpanName": span.name,
+        "SpanKind": _KINDS.get(span.kind.value, "Internal"),
+        "ServiceName": str(span.resource.attributes.get("service.name", "")) if span.resource else "",
+        "ScopeName": scope.name if scope else "",
+        "SpanAttributes": _strings(span.attributes or {}),
+        "Duration": max(0, end - start),
+        "StatusCode": _STATUS.get(status.status_code, "Unset"),
+    }
+    if parent:
+        row["ParentSpanId"] = format(parent.span_id, "016x")
+    if scope and scope.version:
+        row["ScopeVersion"] = scope.version
+    if status.description:
+        row["StatusMessage"] = status.description[:ATTRIBUTE_MAX_CHARS]
+    events, links = span.events, span.links
+    if events:
+        row["Events.Timestamp"] = [datetime.fromtimestamp(e.timestamp / 1e9, UTC).isoformat() for e in events]
+        row["Events.Name"] = [e.name for e in events]
+        row["Events.Attributes"] = [_strings(e.attributes or {}) for e in events]
+    if links:
+        row["Links.TraceId"] = [format(link.context.trace_id, "032x") for link in links]
+        row["Links.SpanId"] = [format(link.context.span_id, "016x") for link in links]
+        row["Links.TraceState"] = ["" for _ in links]
+        row["Links.Attributes"] = [_strings(link.attributes or {}) for link in links]
+    return row
+
+
 def expand(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored span in Letta's full shape."""
     row = {**EMPTY_DEFAULTS, **stored}
@@ -353,8 +540,14 @@ def expand(stored: dict[str, Any]) -> dict[str, Any]:
 def _strings(attributes: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in list(attributes.items())[: LIMITS.max_span_attributes or 32]:
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
-        out[str(key)[:128]] = text[:ATTRIBUTE_MAX_CHARS]
+        kind = type(value)
+        if kind is str:
+            text = value
+        elif kind is int:  # json.dumps's text for an int, without its encoder
+            text = str(value)
+        else:
+            text = json.dumps(value, default=str)
+        out[key if type(key) is str and len(key) <= 128 else str(key)[:128]] = text[:ATTRIBUTE_MAX_CHARS]
     return out
 
 

@@ -37,7 +37,8 @@ QUEUE = "otlp-trace"
 
 
 class Receiver:
-    """An OTLP/HTTP trace receiver: every span it was sent, as (trace id, span id, parent id, name, service)."""
+    """An OTLP/HTTP trace receiver: every span it was sent, as (trace id, span id, parent id, name, service,
+    scope, attributes as text)."""
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
@@ -67,6 +68,12 @@ class Receiver:
                                     "name": span.name,
                                     "service": service,
                                     "scope": scope_spans.scope.name,
+                                    "attributes": {
+                                        a.key: str(
+                                            getattr(a.value, a.value.WhichOneof("value") or "string_value")
+                                        )
+                                        for a in span.attributes
+                                    },
                                 }
                             )
                 payload = ExportTraceServiceResponse().SerializeToString()
@@ -153,7 +160,7 @@ def test_a_run_is_one_trace_from_the_web_request_through_the_worker(
 
     response = api_client_for(actor).post(
         f"/v1/agents/{agent.id}/messages",
-        {"messages": [{"role": "user", "content": "I'm Sam"}]},
+        {"messages": [{"role": "user", "content": "I'm Sam, my phrase is plum-42"}]},
         format="json",
     )
     receiver.wait_for("agent.run")
@@ -187,9 +194,44 @@ def test_a_run_is_one_trace_from_the_web_request_through_the_worker(
     ):
         assert name in worker_names
     scopes = {s["scope"] for s in worker}
-    assert "opentelemetry.instrumentation.psycopg" in scopes  # database time
-    assert "opentelemetry.instrumentation.httpx" in scopes  # the LLM's HTTP calls
-    assert "opentelemetry.instrumentation.redis" in scopes  # the run's event stream
+    assert "opentelemetry.instrumentation.httpx" in scopes  # the LLM's HTTP calls, in the run's trace
+    # Inside the run no span per SQL statement or Redis command (most of what OTLP cost a turn): the
+    # database time is on the loop's spans, each span's own statements, together the run's.
+    assert not scopes & {"opentelemetry.instrumentation.psycopg", "opentelemetry.instrumentation.redis"}
+    loop = [s for s in worker if s["scope"] == "apps.agents.loop"]
+    [exported_root] = [s for s in loop if s["name"] == "agent.run"]
+    statements = int(exported_root["attributes"]["db.statements"])
+    assert statements > 0
+    assert sum(int(s["attributes"].get("letta.db.statements", 0)) for s in loop) == statements
+    assert all(float(s["attributes"]["letta.db.time_ms"]) > 0 for s in loop if s["name"] == "agent.persist")
+    # A client call in no trace (the worker's broker polls between tasks) starts no trace of its own.
+    clients = ("psycopg", "redis", "httpx")
+    orphans = [
+        s
+        for s in receiver.spans
+        if not s["parent_id"] and s["scope"] in {f"opentelemetry.instrumentation.{c}" for c in clients}
+    ]
+    assert orphans == []
+    # What reaches the operator's collector holds no tenant text.
+    exported = str([s["attributes"] for s in worker])
+    assert "plum-42" not in exported
+    assert "Hi Sam" not in exported
+    # The run's stored trace keeps the loop's spans (what the ADE draws), each with its own database time;
+    # the statement, command and HTTP spans went to the collector only.
     stored = RunTrace.all_objects.get(run_id=response.json()["messages"][0]["run_id"])
     assert stored.trace_id == trace_id
-    assert {s["SpanName"] for s in stored.spans} >= {"agent.run", "llm.call", "tool.call", "memory.edit"}
+    assert {s["SpanName"] for s in stored.spans} >= {
+        "agent.run",
+        "run.queue_wait",
+        "agent.load",
+        "agent.step",
+        "llm.call",
+        "tool.call",
+        "memory.edit",
+        "agent.persist",
+    }
+    assert {s["ScopeName"] for s in stored.spans} == {"apps.agents.loop"}
+    [root] = [s for s in stored.spans if s["SpanName"] == "agent.run"]
+    assert sum(int(s["SpanAttributes"].get("letta.db.statements", 0)) for s in stored.spans) == int(
+        root["SpanAttributes"]["db.statements"]
+    )

@@ -76,6 +76,13 @@ def test_a_run_stores_one_trace_with_its_queue_wait_load_steps_llm_tool_memory_a
     assert root["SpanAttributes"]["letta.run_id"] == result.run.id
     assert root["SpanAttributes"]["letta.stop_reason"] == "end_turn"
     assert int(root["SpanAttributes"]["db.statements"]) > 0
+    # Each span's own statements (not its children's) and their time: together, the run's.
+    assert sum(int(s["SpanAttributes"].get("letta.db.statements", 0)) for s in spans) == int(
+        root["SpanAttributes"]["db.statements"]
+    )
+    for persist in by_name(spans, "agent.persist"):
+        assert int(persist["SpanAttributes"]["letta.db.statements"]) > 0
+        assert float(persist["SpanAttributes"]["letta.db.time_ms"]) > 0
     steps = {s["SpanId"] for s in by_name(spans, "agent.step")}
     assert {s["ParentSpanId"] for s in by_name(spans, "agent.step")} == {root["SpanId"]}
     assert {s["ParentSpanId"] for s in by_name(spans, "llm.call")} == steps

@@ -1096,6 +1096,13 @@ def execute_run_streamed(
     run_id: str, *, agent_id: str | None = None, conversation_id: str | None = None
 ) -> TurnResult | None:
     """execute_run with its events in the run's Redis stream, closed by an end event."""
+    with tracing.quiet():  # no instrumentation span per statement and command (apps.observability)
+        return _execute_run_streamed(run_id, agent_id=agent_id, conversation_id=conversation_id)
+
+
+def _execute_run_streamed(
+    run_id: str, *, agent_id: str | None, conversation_id: str | None
+) -> TurnResult | None:
     sink = RedisStreamSink(run_id)
     result = execute_run(
         run_id, sink=sink, defer_after_run=True, agent_id=agent_id, conversation_id=conversation_id
