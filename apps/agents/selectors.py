@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection
 from django.db.models import Count, Prefetch, Q, QuerySet, Subquery, Sum
 
@@ -52,11 +53,14 @@ logger = logging.getLogger(__name__)
 # --- Agents ---------------------------------------------------------------------------------------------
 
 
+def _blocks_prefetch() -> Prefetch:
+    return Prefetch("blocks", queryset=Block.all_objects.order_by("created_at"))
+
+
 def agent_queryset(*, actor: Actor) -> QuerySet[Agent]:
     """Agents with what AgentState needs, prefetched: a list costs a fixed number of queries."""
     return Agent.objects.for_actor(actor).prefetch_related(
-        Prefetch("blocks", queryset=Block.all_objects.order_by("created_at")),
-        Prefetch("tools", queryset=Tool.all_objects.order_by("name")),
+        _blocks_prefetch(), Prefetch("tools", queryset=Tool.all_objects.order_by("name"))
     )
 
 
@@ -82,11 +86,41 @@ def agent_list(
 SECRET_LIST_FIELDS = ("id", "agent_id", "key", "description", "created_at", "updated_at")
 
 
-def agent_state_queryset(*, actor: Actor) -> QuerySet[Agent]:
-    """`agent_queryset` plus the secrets' keys (never their values), for AgentState responses."""
-    return agent_queryset(actor=actor).prefetch_related(
+def agent_state_queryset(*, actor: Actor, tools: bool = True) -> QuerySet[Agent]:
+    """`agent_queryset` plus the secrets' keys (never their values), for AgentState responses. Without
+    `tools`, the tools are left for `attach_shared_tools` (lists)."""
+    base = (
+        agent_queryset(actor=actor)
+        if tools
+        else Agent.objects.for_actor(actor).prefetch_related(_blocks_prefetch())
+    )
+    return base.prefetch_related(
         Prefetch("secrets", queryset=AgentSecret.all_objects.only(*SECRET_LIST_FIELDS).order_by("key"))
     )
+
+
+def attach_shared_tools(agents: Sequence[Agent]) -> None:
+    """Give agents loaded without their tools (`agent_state_queryset(tools=False)`) their tools, as the
+    prefetch would (`agent.tools.all()`, by name), in one query for the whole list and one instance per
+    tool however many agents hold it. Most agents hold the same base tools: a page of 50 prefetched them as
+    1,350 rows, each a model instance with its JSON decoded (bench/scale_bench.py)."""
+    todo = [a for a in agents if "tools" not in getattr(a, "_prefetched_objects_cache", {})]
+    if not todo:
+        return
+    held: dict[str, list[Tool]] = {a.id: [] for a in todo}
+    shared = (
+        Tool.all_objects.filter(agent_attachments__agent_id__in=list(held))
+        .annotate(holders=ArrayAgg("agent_attachments__agent_id"))
+        .order_by("name")
+    )
+    for tool in shared:
+        for agent_id in tool.holders:
+            held[agent_id].append(tool)
+    for agent in todo:
+        cached = agent.tools.all()  # lazy: given its rows, as prefetch_related does
+        cached._result_cache = held[agent.id]
+        cached._prefetch_done = True  # type: ignore[attr-defined]
+        agent.__dict__.setdefault("_prefetched_objects_cache", {})["tools"] = cached
 
 
 def agent_state_get(*, actor: Actor, agent_id: str) -> Agent:
@@ -109,8 +143,9 @@ def agent_state_list(
     show_hidden: bool = True,
 ) -> QuerySet[Agent]:
     """Agents for AgentState lists; `query_text` matches names case-insensitively; hidden agents (created
-    with `hidden`) only with `show_hidden` (the API's show_hidden_agents, false by default as on Letta)."""
-    qs = agent_state_queryset(actor=actor)
+    with `hidden`) only with `show_hidden` (the API's show_hidden_agents, false by default as on Letta).
+    Without their tools: `attach_shared_tools` gives a page theirs."""
+    qs = agent_state_queryset(actor=actor, tools=False)
     if not show_hidden:
         qs = qs.filter(hidden=False)
     if name:
@@ -585,11 +620,20 @@ def without_thread_system_messages(qs: QuerySet[Message]) -> QuerySet[Message]:
     return qs.exclude(THREAD_SYSTEM_MESSAGE)
 
 
+THREAD_ORDER = ("conversation_id", "sequence_id")
+"""One thread's messages in sequence order. The conversation is the same on every row of a thread, so it
+does not change the order, but it lets PostgreSQL read a page from message_agent_conv_seq_idx: sorting by
+`sequence_id` alone, it cannot (`conversation_id IS NULL` does not fix the column the way `=` would), so it
+walks the global sequence index backwards instead, through every newer message of every other agent (2 s
+for an agent with 100,000 messages among 1,000,000: tests/api/test_scale_queries.py)."""
+
+
 def agent_message_list(
     *, actor: Actor, agent_id: str, conversation_id: str | None = None, include_system: bool = False
 ) -> QuerySet[Message]:
     """Every stored message (recall, not only the context window) of the agent's default thread, or of one
-    of its conversations. Raises AgentNotFound, NotFound (conversation)."""
+    of its conversations, in THREAD_ORDER (message_page keeps it). Raises AgentNotFound, NotFound
+    (conversation)."""
     _require_agent(actor=actor, agent_id=agent_id)
     qs = Message.objects.for_actor(actor).filter(agent_id=agent_id)
     if conversation_id:
@@ -597,7 +641,8 @@ def agent_message_list(
         qs = qs.filter(conversation_id=conversation_id)
     else:
         qs = qs.filter(conversation__isnull=True)
-    return _visible_messages(qs, include_system=include_system)
+    # Vectors are for recall search, not for showing messages (384 floats a row to fetch and parse).
+    return _visible_messages(qs, include_system=include_system).defer("embedding").order_by(*THREAD_ORDER)
 
 
 def message_list(
@@ -644,15 +689,17 @@ def message_page(
 
     `after`/`before` compare the message sequence whatever the order (an unknown cursor gives an empty
     page); `desc` takes the newest `limit` messages and returns them oldest first, `asc` the oldest. One
-    query: the cursors are subqueries.
+    query: the cursors are subqueries. A thread's queryset (agent_message_list) is paged in THREAD_ORDER,
+    the same order, read from the thread's index.
     """
     for cursor, lookup in ((after, "sequence_id__gt"), (before, "sequence_id__lt")):
         if cursor:
             position = Message.objects.for_actor(actor).filter(id=cursor).values("sequence_id")[:1]
             qs = qs.filter(**{lookup: Subquery(position)})
+    keys = THREAD_ORDER if tuple(qs.query.order_by) == THREAD_ORDER else ("sequence_id",)
     if order == "asc":
-        return list(qs.order_by("sequence_id")[:limit])
-    return list(reversed(qs.order_by("-sequence_id")[:limit]))
+        return list(qs.order_by(*keys)[:limit])
+    return list(reversed(qs.order_by(*(f"-{key}" for key in keys))[:limit]))
 
 
 # --- Runs -----------------------------------------------------------------------------------------------
@@ -869,7 +916,7 @@ class ContextOverview:
 
 
 def agent_context_overview(
-    *, actor: Actor, agent_id: str, conversation_id: str | None = None
+    *, actor: Actor, agent_id: str, conversation_id: str | None = None, agent: Agent | None = None
 ) -> ContextOverview:
     """What the agent's next LLM request would hold: system prompt, memory blocks, tool rules, memory
     metadata, summary, tool schemas and in-context messages, each in tokens, against its context window.
@@ -879,13 +926,15 @@ def agent_context_overview(
     as the runner does before each call; apps.agents.loop.context compiles the system message and
     budget.context_breakdown splits it.
     Raises AgentNotFound (and NotFound for a conversation of another agent). A model handle that cannot be
-    resolved gives an overview with `error` set instead of raising.
+    resolved gives an overview with `error` set instead of raising. `agent`: the agent, when the caller
+    has already loaded it for this actor (not loaded again).
     """
     # The loop's state module sits above the selectors (imported lazily): the very loading and counting
     # functions the runner calls before each LLM request.
     from apps.agents.loop import state as loop_state
 
-    agent = agent_get(actor=actor, agent_id=agent_id)
+    if agent is None or agent.id != agent_id or agent.organization_id != actor.organization_id:
+        agent = agent_get(actor=actor, agent_id=agent_id)
     if conversation_id is not None:
         conversation_get(actor=actor, conversation_id=conversation_id, agent_id=agent.id)
     probe = Run(

@@ -47,7 +47,11 @@ def _cursor_filter(qs: QuerySet, cursor_id: str, *, forward: bool, key: str) -> 
     if row is None:
         return None
     after = "gt" if forward else "lt"
-    return Q(**{f"{key}__{after}": row[key]}) | Q(**{key: row[key], f"id__{after}": row["id"]})
+    # The leading bound is implied by the OR, but only with it can an index on `key` start at the cursor
+    # instead of walking every row before it (a page 5,000 agents deep read 5,000 index entries).
+    return Q(**{f"{key}__{after}e": row[key]}) & (
+        Q(**{f"{key}__{after}": row[key]}) | Q(**{key: row[key], f"id__{after}": row["id"]})
+    )
 
 
 def paginate(qs: QuerySet, page: PageParams, *, key: str = "created_at") -> list:

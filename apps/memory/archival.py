@@ -303,7 +303,7 @@ def passage_search(
         start=start,
         end=end,
     )
-    with filtered_vector_scan():
+    with filtered_vector_scan(limit=min(top_k, MAX_TOP_K)):
         return [(passage, float(passage.distance)) for passage in queryset]
 
 
@@ -392,23 +392,31 @@ def agent_archival_stats(*, actor: Actor, agent_id: str) -> tuple[int, list[str]
     """How many passages the agent's archives hold and their distinct tags (unsorted): read from the counts
     the passage triggers keep, however many passages there are, in one statement (every run reads them
     for its memory metadata)."""
-    links = Archive.agents.through._meta.db_table
+    sql, params = archival_stats_query(actor=actor, agent_id=agent_id)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH archives AS (
-                SELECT link.archive_id FROM {links} AS link
-                JOIN {Archive._meta.db_table} AS archive ON archive.id = link.archive_id
-                WHERE link.agent_id = %s AND archive.organization_id = %s
-            )
-            SELECT (SELECT coalesce(sum(passage_count), 0) FROM {ArchiveStats._meta.db_table}
-                    WHERE archive_id IN (SELECT archive_id FROM archives)),
-                   ARRAY(SELECT DISTINCT tag FROM {ArchiveTag._meta.db_table}
-                         WHERE archive_id IN (SELECT archive_id FROM archives))
-            """,
-            [agent_id, actor.organization_id],
+        cursor.execute(sql, params)
+        return archival_stats_from_row(cursor.fetchone())
+
+
+def archival_stats_query(*, actor: Actor, agent_id: str) -> tuple[str, list[Any]]:
+    """agent_archival_stats' statement, for a caller that sends it with other reads (a run's load)."""
+    links = Archive.agents.through._meta.db_table
+    sql = f"""
+        WITH archives AS (
+            SELECT link.archive_id FROM {links} AS link
+            JOIN {Archive._meta.db_table} AS archive ON archive.id = link.archive_id
+            WHERE link.agent_id = %s AND archive.organization_id = %s
         )
-        total, tags = cursor.fetchone()
+        SELECT (SELECT coalesce(sum(passage_count), 0) FROM {ArchiveStats._meta.db_table}
+                WHERE archive_id IN (SELECT archive_id FROM archives)),
+               ARRAY(SELECT DISTINCT tag FROM {ArchiveTag._meta.db_table}
+                     WHERE archive_id IN (SELECT archive_id FROM archives))
+        """
+    return sql, [agent_id, actor.organization_id]
+
+
+def archival_stats_from_row(row: Sequence[Any]) -> tuple[int, list[str]]:
+    total, tags = row
     return int(total), list(tags) if total else []
 
 
@@ -593,12 +601,19 @@ def archive_search(
         return []
     if query is None:
         return [PassageHit(p, 0.0, "filter") for p in base.order_by("created_at", "id")[:limit]]
-    text_only = base.filter(embedding__isnull=True)
-    for word in query.split():
-        text_only = text_only.filter(text__icontains=word)
-    hits = [PassageHit(p, TEXT_MATCH_SCORE, "text") for p in text_only.order_by("created_at", "id")[:limit]]
-    if len(hits) >= limit:
-        return hits
+    # Only an archive without a model holds passages without vectors (one adopts a model only while empty):
+    # the text match is not run over the others, where it read every passage (no index serves
+    # `embedding IS NULL AND text ILIKE`: 800 ms at 1,000,000 passages, bench/scale_bench.py).
+    hits: list[PassageHit] = []
+    if unembedded := [archive.id for archive in archives if not archive.embedding]:
+        text_only = base.filter(archive_id__in=unembedded, embedding__isnull=True)
+        for word in query.split():
+            text_only = text_only.filter(text__icontains=word)
+        hits = [
+            PassageHit(p, TEXT_MATCH_SCORE, "text") for p in text_only.order_by("created_at", "id")[:limit]
+        ]
+        if len(hits) >= limit:
+            return hits
     by_model: dict[str, list[str]] = {}
     for archive in archives:
         if archive.embedding:
@@ -616,7 +631,7 @@ def archive_search(
             start=start,
             end=end,
         )
-        with filtered_vector_scan():
+        with filtered_vector_scan(limit=limit):
             near += [PassageHit(p, 1.0 - float(p.distance), "vector") for p in queryset]
     near.sort(key=lambda hit: hit.score, reverse=True)
     return (hits + near)[:limit]
@@ -641,24 +656,43 @@ def normalize_tags(tags: Sequence[str] | None) -> list[str]:
 
 
 @contextmanager
-def filtered_vector_scan() -> Iterator[None]:
+def filtered_vector_scan(*, limit: int | None = None) -> Iterator[None]:
     """Run filtered nearest-neighbour queries with pgvector's iterative index scan (pgvector >= 0.8).
 
     Why: an HNSW scan yields `hnsw.ef_search` (40) candidates and only then applies the WHERE clause,
     so with other agents' or organisations' rows in the same index a filtered search can come back short
     or empty. `strict_order` keeps reading the index until the LIMIT is met, in exact distance order.
-    The setting is transaction-local and put back afterwards (a failure rolls the savepoint back, which
-    restores it too); an older pgvector without the setting just skips it.
+    With `limit` (the query's LIMIT), ef_search is raised to twice it: a first pass narrower than the LIMIT
+    must iterate, and strict-order iterations cost more than a wider first pass (recall's 50 candidates
+    among 100,000 of the agent's 200,000 vectors: 119 ms at ef_search 40, 37 ms at 100; bench/scale_bench.py).
+    The settings are transaction-local: put back afterwards inside an outer transaction (a failure rolls
+    the savepoint back, which restores them too), else gone with this block's COMMIT; an older pgvector
+    without them just skips them.
     """
+    nested = connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('hnsw.iterative_scan', true)")
-        previous = cursor.fetchone()[0]
-        change = previous is not None and previous != "strict_order"
-        if change:
-            cursor.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
+        cursor.execute(
+            "SELECT current_setting('hnsw.iterative_scan', true), current_setting('hnsw.ef_search', true)"
+        )
+        scan, ef_search = cursor.fetchone()
+        wanted = {"hnsw.iterative_scan": "strict_order"} if scan is not None else {}
+        if limit is not None and ef_search is not None and int(ef_search) < 2 * limit:
+            wanted["hnsw.ef_search"] = str(min(2 * limit, MAX_EF_SEARCH))
+        previous = {"hnsw.iterative_scan": scan, "hnsw.ef_search": ef_search}
+        changed = {name: value for name, value in wanted.items() if previous[name] != value}
+        _set_local(cursor, changed)
         yield
-        if change:
-            cursor.execute("SELECT set_config('hnsw.iterative_scan', %s, true)", [previous])
+        if nested:
+            _set_local(cursor, {name: str(previous[name]) for name in changed})
+
+
+MAX_EF_SEARCH = 1000  # pgvector's upper bound
+
+
+def _set_local(cursor: Any, settings: dict[str, str]) -> None:
+    if settings:
+        calls = ", ".join("set_config(%s, %s, true)" for _ in settings)
+        cursor.execute(f"SELECT {calls}", [v for item in settings.items() for v in item])
 
 
 def _clean_texts(texts: Sequence[str]) -> list[str]:

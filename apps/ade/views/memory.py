@@ -52,9 +52,10 @@ CONTEXT_SECTIONS = (
 
 def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
     """What ade/workspace/_memory.html needs when the workspace page first renders."""
+    # The page's agent comes with its blocks prefetched (agent_state_get), in the order _blocks gives.
     return {
-        "blocks": _blocks(request.actor, agent.id),
-        "context": _context_view(request.actor, agent.id, _conversation_id(request)),
+        "blocks": [b for b in agent.blocks.all() if b.organization_id == request.actor.organization_id],
+        "context": _context_view(request.actor, agent.id, _conversation_id(request), agent=agent),
     }
 
 
@@ -73,7 +74,10 @@ def context_window(request: AdeRequest, agent_id: str) -> HttpResponse:
     return render(
         request,
         "ade/workspace/memory/_context.html",
-        {"agent": agent, "context": _context_view(request.actor, agent.id, _conversation_id(request))},
+        {
+            "agent": agent,
+            "context": _context_view(request.actor, agent.id, _conversation_id(request), agent=agent),
+        },
     )
 
 
@@ -85,9 +89,11 @@ class ContextSection:
     percent: str  # of the window, for the bar's CSS width
 
 
-def _context_view(actor: Actor, agent_id: str, conversation_id: str | None) -> dict[str, Any]:
+def _context_view(
+    actor: Actor, agent_id: str, conversation_id: str | None, *, agent: Agent | None = None
+) -> dict[str, Any]:
     overview = agent_selectors.agent_context_overview(
-        actor=actor, agent_id=agent_id, conversation_id=conversation_id
+        actor=actor, agent_id=agent_id, conversation_id=conversation_id, agent=agent
     )
     breakdown = overview.breakdown
     if breakdown is None:

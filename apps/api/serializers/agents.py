@@ -7,7 +7,7 @@ a list costs the same number of queries whatever its length.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -166,6 +166,48 @@ def sleeptime_group(agent: Agent) -> dict[str, Any] | None:
     }
 
 
+class Nested:
+    """The objects nested in one response's AgentStates (blocks, tools, secrets, folders), rendered with one
+    serializer instance per shape, and each row once however many agents hold it. A serializer instance
+    deep-copies all its fields when first used, and a list page made a few for each agent: that copying
+    and rendering the same base tools fifty times were most of GET /v1/agents' time (bench/scale_bench.py).
+    Rendered rows are shared between the agents of a response: never mutate them."""
+
+    def __init__(self) -> None:
+        self._serializers: dict[type[serializers.Serializer], serializers.Serializer] = {}
+        self._rendered: dict[tuple[Any, Any], Any] = {}
+
+    def each(
+        self,
+        shape: type[serializers.Serializer],
+        items: Iterable[Any],
+        *,
+        key: Callable[[Any], Any] | None = None,
+    ) -> list[Any]:
+        """`items` rendered by `shape`; with `key`, an item already rendered under the same key is reused."""
+        serializer = self._serializers.get(shape)
+        if serializer is None:
+            serializer = self._serializers[shape] = shape()
+        if key is None:
+            return [serializer.to_representation(item) for item in items]
+        out = []
+        for item in items:
+            cache_key = (shape, key(item))
+            if cache_key not in self._rendered:
+                self._rendered[cache_key] = serializer.to_representation(item)
+            out.append(self._rendered[cache_key])
+        return out
+
+    def of(
+        self, agent: Agent, name: str, shape: type[serializers.Serializer], items: Callable[[], Iterable[Any]]
+    ) -> list[Any]:
+        """The agent's `name` (rendered by `shape`), once however many fields show it."""
+        cache_key = (agent.id, name)
+        if cache_key not in self._rendered:
+            self._rendered[cache_key] = self.each(shape, items())
+        return self._rendered[cache_key]
+
+
 class AgentStateOut(serializers.Serializer):
     """Letta's AgentState. Relationships are always included (a superset of what `include[]` asks for)."""
 
@@ -182,15 +224,15 @@ class AgentStateOut(serializers.Serializer):
     compaction_settings = serializers.SerializerMethodField()
     context_window_limit = serializers.IntegerField(allow_null=True)
     memory = serializers.SerializerMethodField()
-    blocks = BlockOut(many=True, source="blocks.all")
-    tools = ToolResponse(many=True, source="tools.all")
+    blocks = serializers.SerializerMethodField()
+    tools = serializers.SerializerMethodField()
     sources = serializers.SerializerMethodField()
     tags = serializers.ListField(child=serializers.CharField())
     tool_rules = serializers.JSONField()
     message_ids = serializers.SerializerMethodField()
     metadata = serializers.JSONField()
-    secrets = SecretOut(many=True, source="secrets.all")
-    tool_exec_environment_variables = SecretOut(many=True, source="secrets.all")
+    secrets = serializers.SerializerMethodField()
+    tool_exec_environment_variables = serializers.SerializerMethodField()
     identity_ids = serializers.SerializerMethodField()
     identities = serializers.SerializerMethodField()
     managed_group = serializers.SerializerMethodField()
@@ -247,11 +289,41 @@ class AgentStateOut(serializers.Serializer):
     def get_compaction_settings(self, agent: Agent) -> dict[str, Any] | None:
         return agent.compaction_settings or None
 
+    # --- nested objects, through the response's Nested (see there) -----------------------------------------
+
+    def _nested(self) -> Nested:
+        nested = self.context.get("nested")  # agent_states gives one per response
+        return nested if isinstance(nested, Nested) else Nested()
+
+    def _blocks(self, agent: Agent) -> list[Any]:
+        """The agent's blocks, rendered once for both `memory.blocks` and `blocks`."""
+        return self._nested().of(agent, "blocks", BlockOut, lambda: agent.blocks.all())
+
+    @extend_schema_field(BlockOut(many=True))
+    def get_blocks(self, agent: Agent) -> list[Any]:
+        return self._blocks(agent)
+
+    @extend_schema_field(ToolResponse(many=True))
+    def get_tools(self, agent: Agent) -> list[Any]:
+        # Most agents hold the same base tools: each is rendered once per response.
+        return self._nested().each(ToolResponse, agent.tools.all(), key=lambda tool: tool.id)
+
+    def _secrets(self, agent: Agent) -> list[Any]:
+        return self._nested().of(agent, "secrets", SecretOut, lambda: agent.secrets.all())
+
+    @extend_schema_field(SecretOut(many=True))
+    def get_secrets(self, agent: Agent) -> list[Any]:
+        return self._secrets(agent)
+
+    @extend_schema_field(SecretOut(many=True))
+    def get_tool_exec_environment_variables(self, agent: Agent) -> list[Any]:
+        return self._secrets(agent)
+
     @extend_schema_field(MemoryOut)
     def get_memory(self, agent: Agent) -> dict[str, Any]:
         return {
-            "blocks": BlockOut(agent.blocks.all(), many=True).data,
-            "file_blocks": FileBlockOut(self._files(agent).file_blocks, many=True).data,
+            "blocks": self._blocks(agent),
+            "file_blocks": self._nested().each(FileBlockOut, self._files(agent).file_blocks),
             "prompt_template": "",
             "agent_type": agent.agent_type,
         }
@@ -268,7 +340,7 @@ class AgentStateOut(serializers.Serializer):
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_sources(self, agent: Agent) -> list[Any]:
-        return list(FolderOut(self._files(agent).folders, many=True).data)
+        return self._nested().each(FolderOut, self._files(agent).folders, key=lambda folder: folder.id)
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
@@ -329,8 +401,9 @@ class AgentStateOut(serializers.Serializer):
 def agent_states(agents: Iterable[Agent], *, actor: Actor) -> list[dict[str, Any]]:
     """AgentState for prefetched agents, with their model handles resolved once per distinct handle."""
     agents = list(agents)
+    agent_selectors.attach_shared_tools(agents)  # lists load them apart (agent_state_list)
     chat_models, embedding_models = agent_selectors.agent_model_infos(actor=actor, agents=agents)
-    context = {"chat_models": chat_models, "embedding_models": embedding_models}
+    context = {"chat_models": chat_models, "embedding_models": embedding_models, "nested": Nested()}
     return list(AgentStateOut(agents, many=True, context=context).data)
 
 
