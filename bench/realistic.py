@@ -26,6 +26,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -142,9 +143,11 @@ def first_token_figures(
     client = Letta(base_url=platform.web_url, api_key=tenant.api_key, timeout=120, max_retries=0)
     first_token_ms(client, agent_id, "warm up")
     p50, p95, at_client, llm_ttft = [], [], [], []
+    stages: dict[str, list[float]] = {name: [] for name in FIRST_TOKEN_STAGES}
     try:
         for _ in range(runs):
             overheads, firsts, ttfts = [], [], []
+            split: dict[str, list[float]] = {name: [] for name in FIRST_TOKEN_STAGES}
             for index in range(count):
                 mark, started = platform.llm.mark(), time.time()
                 first = first_token_ms(client, agent_id, turn_text(SIMPLE, index))
@@ -155,10 +158,15 @@ def first_token_figures(
                 overheads.append(first - ttft)
                 firsts.append(first)
                 ttfts.append(ttft)
+                for name, value in first_token_stages(agent_id, started, chats[0][1], first, ttft).items():
+                    split[name].append(value)
             p50.append(percentile(overheads, 50))
             p95.append(percentile(overheads, 95))
             at_client.append(percentile(firsts, 50))
             llm_ttft.append(percentile(ttfts, 50))
+            for name, values in split.items():
+                if values:
+                    stages[name].append(percentile(values, 50))
     finally:
         client.close()
     return {
@@ -167,6 +175,37 @@ def first_token_figures(
         "added_p95_ms": across(p95),
         "at_client_p50_ms": across(at_client, 1),
         "llm_ttft_p50_ms": across(llm_ttft, 1),
+        "stages_p50_ms": {name: across(values) for name, values in stages.items() if values},
+    }
+
+
+FIRST_TOKEN_STAGES = ("web_in", "queue", "worker_to_llm", "relay_out")
+
+
+def first_token_stages(
+    agent_id: str, started: float, llm_started: float, first_ms: float, ttft_ms: float
+) -> dict[str, float]:
+    """Where one stream's added time went, from its Run row and the LLM server's log (one host clock):
+    POST -> run created (web_in: auth, throttles, the run's insert), created -> claimed by a worker (queue:
+    commit, Celery, pickup, lock and claim), claimed -> the LLM server has the request (worker_to_llm: load,
+    compile, send), the LLM's first content chunk -> the client's first assistant chunk (relay_out: worker
+    -> Redis -> web -> SSE -> SDK). They add up to the added time."""
+    from apps.agents.models import Run
+
+    row = (
+        Run.all_objects.filter(agent_id=agent_id, created_at__gte=datetime.fromtimestamp(started, UTC))
+        .order_by("created_at")
+        .values_list("created_at", "started_at")
+        .first()
+    )
+    if row is None or row[1] is None:
+        return {}
+    created, claimed = row[0].timestamp(), row[1].timestamp()
+    return {
+        "web_in": (created - started) * 1000,
+        "queue": (claimed - created) * 1000,
+        "worker_to_llm": (llm_started - claimed) * 1000,
+        "relay_out": first_ms - ((llm_started - started) * 1000 + ttft_ms),
     }
 
 
@@ -275,4 +314,6 @@ def table_rows(results: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
                 "",
             )
         )
+        for name, value in first.get("stages_p50_ms", {}).items():
+            rows.append((f"{tag}: first token, {name} p50", value["median"], value["spread"], "ms", ""))
     return rows

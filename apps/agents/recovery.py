@@ -148,11 +148,16 @@ def enqueue_run(
     *,
     marker_ttl: int = TASK_MARKER_TTL,
 ) -> None:
-    """Send the task that executes the run (`agents.execute_run`), its marker set first. With agent_id
-    (and conversation_id) the worker takes the conversation's lock without reading the run."""
-    note_task(run_id, ttl=marker_ttl)
+    """Send the task that executes the run (`agents.execute_run`), then set its marker. With agent_id
+    (and conversation_id) the worker takes the conversation's lock without reading the run.
+
+    The marker comes second so that its round trip overlaps the worker's pickup instead of delaying it
+    (a send is on the path to the run's first token). Nothing reads it that soon: crash recovery checks
+    only runs older than RUN_LOST_TASK_GRACE, and a sender that dies in between leaves a run whose task is
+    queued but unmarked, which recovery enqueues again (a second delivery of a claimed run is a no-op)."""
     args = [run_id] if agent_id is None else [run_id, agent_id, conversation_id]
     current_app.send_task("agents.execute_run", args=args)
+    note_task(run_id, ttl=marker_ttl)
 
 
 def note_task(run_id: str, *, ttl: int = TASK_MARKER_TTL) -> int:

@@ -12,6 +12,7 @@ litellm's OpenAI client at their `/v1` URL, so one well-exercised code path serv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 
@@ -81,16 +82,21 @@ class _Credentials:
 
 
 def resolve_model(
-    handle: str, *, organization_id: str, context_window_limit: int | None = None
+    handle: str,
+    *,
+    organization_id: str,
+    context_window_limit: int | None = None,
+    provider_rows: list[Provider] | None = None,
 ) -> ModelTarget:
     """Resolve a chat handle such as `openai/gpt-4o-mini` for an organisation.
 
     Raises UnknownModelHandle (or its ProviderNotConfigured) when the handle cannot be served, and
     ContextWindowLimitTooLarge when `context_window_limit` exceeds what litellm knows the model accepts.
     For models litellm does not know, an explicit limit is trusted as the model's window.
+    `provider_rows`: what provider_query(handle) read, for a caller that sent it with other reads.
     """
     provider_name, model = _split(handle, kind="model")
-    creds = _credentials(provider_name, organization_id=organization_id, handle=handle)
+    creds = _credentials(provider_name, organization_id=organization_id, handle=handle, rows=provider_rows)
     if creds.provider_type == ProviderType.ANTHROPIC:
         litellm_model, api_base = f"anthropic/{model}", creds.api_base or ANTHROPIC_API_BASE
     else:
@@ -148,16 +154,36 @@ def _split(handle: str, *, kind: str) -> tuple[str, str]:
     return provider_name, model
 
 
-def _credentials(provider_name: str, *, organization_id: str, handle: str) -> _Credentials:
+PROVIDER_ALIAS = "provider"
+
+
+def provider_query(handle: str, *, organization_id: str) -> tuple[str, list[Any]] | None:
+    """The SELECT (select list `{columns}`, apps.core.db.RowReader, alias PROVIDER_ALIAS) of the
+    organisation's Provider row a handle names; None for a handle resolve_model refuses anyway."""
+    try:
+        provider_name, _ = _split(handle, kind="model")
+    except UnknownModelHandle:
+        return None
+    sql = (
+        f"SELECT {{columns}} FROM {Provider._meta.db_table} AS {PROVIDER_ALIAS} "
+        f"WHERE {PROVIDER_ALIAS}.organization_id = %s AND {PROVIDER_ALIAS}.name = %s LIMIT 1"
+    )
+    return sql, [organization_id, provider_name]
+
+
+def _credentials(
+    provider_name: str, *, organization_id: str, handle: str, rows: list[Provider] | None = None
+) -> _Credentials:
     """The organisation's Provider row of that name, else the environment's provider of that name."""
     # Read for every run: the hand-written query costs a third of the ORM's (apps.core.db.RowReader).
-    rows = fetch_instances(
-        Provider,
-        f"SELECT {{columns}} FROM {Provider._meta.db_table} AS provider "
-        "WHERE provider.organization_id = %s AND provider.name = %s LIMIT 1",
-        [organization_id, provider_name],
-        alias="provider",
-    )
+    if rows is None:
+        rows = fetch_instances(
+            Provider,
+            f"SELECT {{columns}} FROM {Provider._meta.db_table} AS {PROVIDER_ALIAS} "
+            f"WHERE {PROVIDER_ALIAS}.organization_id = %s AND {PROVIDER_ALIAS}.name = %s LIMIT 1",
+            [organization_id, provider_name],
+            alias=PROVIDER_ALIAS,
+        )
     row = rows[0] if rows else None
     if row is not None:
         creds = _Credentials(

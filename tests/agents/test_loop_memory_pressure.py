@@ -83,8 +83,9 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     big_count = queries_for_one_turn(send, llm, big)
 
     # The bound (README, "Agent loop"): 16 statements and 2 savepoints for a one-step turn.
-    # Input: agent lock (with its last message's role), run and messages (one statement). Start: advisory
-    # lock, one statement that checks for orphaned and earlier runs, claims and admits the input. Loading: agent
+    # Input: agent lock (with its last message's role), run and messages (one statement). Start: one
+    # statement that takes the advisory lock, checks for orphaned and earlier runs, claims and admits the
+    # input. Loading (two round trips, apps.agents.loop.store.read_together): agent
     # (with its message count, kept by a trigger), provider, messages (only those this process has not
     # loaded before), blocks, tools, archival counts. The step: one statement (step, messages, append to
     # the in-context list; no cancel check: the claim just read the run). Finishing: run and agent (one
@@ -93,7 +94,7 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     # which also inserts the run's LLM call records: apps/llm/records.py), the run's recall embeddings
     # (provider, one UPDATE).
     assert big_count == small_count
-    assert small_count == 19
+    assert small_count == 18
 
 
 def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):

@@ -199,7 +199,7 @@ def test_bounds_add_no_statement_to_a_turn_and_a_waiting_call_makes_none(make_ag
     assert result.stop_reason == "end_turn"
     statements = [q["sql"] for q in turn.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
     assert (
-        len(statements) == 17
+        len(statements) == 16
     )  # as without bounds (README, "Cost"; tests/agents/test_loop_memory_pressure.py: with the run's spans)
     assert during_calls == [0, 0]
     assert len(checks) >= 2  # at 0.5 s into the call, then every 0.5 s

@@ -204,10 +204,9 @@ def _execute_run(
         if thread is None:
             return None
         agent_id, conversation_id = thread
-    with conversation_lock(agent_id, conversation_id) as acquired:
-        if not acquired:
+    with store.claim_locked(run_id, agent_id, conversation_id) as claim:
+        if claim is None:  # another executor holds the conversation
             raise RunDeferred(run_id)
-        claim = store.claim_run(run_id, agent_id, conversation_id)
         if claim.others_running:  # other RUNNING runs of the agent: we hold the lock, so they are orphaned
             fail_orphaned_runs(agent_id=agent_id, exclude_run_id=run_id)
         if claim.run is None:

@@ -23,13 +23,14 @@ from apps.agents.loop.context import (
 )
 from apps.agents.loop.convert import to_llm_messages
 from apps.agents.loop.events import EventSink, UsageStatistics
-from apps.agents.loop.stored_messages import in_context_messages
+from apps.agents.loop.stored_messages import MESSAGE_ALIAS, MESSAGE_EXCLUDE, MESSAGES_SQL, InContext
 from apps.agents.models import Agent, Conversation, Message, Run, StopReason
 from apps.agents.prompts import DEFAULT_SYSTEM_PROMPT
 from apps.core.actor import Actor
 from apps.llm import client as llm
 from apps.llm.errors import LLMError
-from apps.llm.handles import ModelTarget, resolve_model
+from apps.llm.handles import PROVIDER_ALIAS, ModelTarget, provider_query, resolve_model
+from apps.llm.models import Provider
 from apps.llm.retry import Deadline
 from apps.llm.tokens import count_tokens
 from apps.memory.archival import agent_archival_stats
@@ -113,24 +114,34 @@ def load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loop
     """Everything a run works on. keep_messages: reuse and keep this process's loaded messages
     (apps.agents.loop.stored_messages). Raises StopRun when the agent's model cannot be used."""
     actor = Actor.system(run.organization_id)
-    agent = store.load_agent(run.agent_id, actor)
-    conversation = store.load_conversation(run.conversation_id, actor) if run.conversation_id else None
+    # Two round trips before the first step (a run's first LLM call waits for them): the thread's rows,
+    # then the messages this process has not kept and the model's provider, which those rows name.
+    loaded = store.load_thread(run.agent_id, run.conversation_id, actor)
+    agent, conversation, blocks = loaded.agent, loaded.conversation, loaded.blocks
     override_model = run.request_config.get("override_model")  # this run's model, the agent unchanged
+    handle = override_model or agent.model
+    ids = conversation.message_ids if conversation else agent.message_ids
+    pending = InContext(actor, ids, keep=keep_messages)
+    provider = provider_query(handle, organization_id=actor.organization_id)
+    reads = [store.Read(MESSAGES_SQL, pending.params(), Message, MESSAGE_ALIAS, MESSAGE_EXCLUDE)]
+    reads = reads if pending.missing else []
+    if provider is not None:
+        reads.append(store.Read(provider[0], provider[1], Provider, PROVIDER_ALIAS))
+    rows = store.read_together(*reads) if reads else []
+    in_context = pending.complete(rows[0] if pending.missing else [])
     try:
         target = resolve_model(
-            override_model or agent.model,
+            handle,
             organization_id=actor.organization_id,
             context_window_limit=None if override_model else agent.context_window_limit,
+            provider_rows=rows[-1] if provider is not None else None,
         )
     except LLMError as exc:
         raise StopRun(StopReason.LLM_API_ERROR, exc.message) from exc
     except Exception as exc:  # an unusable handle is the agent's configuration problem, reported on the run
         raise StopRun(StopReason.LLM_API_ERROR, str(exc)) from exc
     rules = parse_tool_rules(agent.tool_rules)
-    ids = conversation.message_ids if conversation else agent.message_ids
-    in_context = in_context_messages(actor, ids, keep=keep_messages)
-    blocks = store.load_blocks(agent.id, actor)
-    tools = {tool.name: tool for tool in store.load_tools(agent.id, actor)}
+    tools = {tool.name: tool for tool in loaded.tools}
     client_tools = {t["name"]: t for t in run.request_config.get("client_tools") or []}
     return LoopState(
         run=run,
@@ -145,7 +156,14 @@ def load_state(run: Run, sink: EventSink, *, keep_messages: bool = True) -> Loop
         solver=ToolRulesSolver(rules),
         rules_text=describe_tool_rules(rules),
         in_context=in_context,
-        stats=memory_stats(agent, actor, conversation, len(in_context), blocks),
+        stats=memory_stats(
+            agent,
+            actor,
+            conversation,
+            len(in_context),
+            blocks,
+            archival=(loaded.archival_count, loaded.archival_tags),
+        ),
         sink=sink,
         stream_tokens=bool(run.request_config.get("stream_tokens")),
         directories=context_sections.load_directories(actor, agent, (t.tool_type for t in tools.values())),
@@ -160,16 +178,19 @@ def memory_stats(
     blocks: list[Block],
     *,
     fresh: bool = True,
+    archival: tuple[int, list[str]] | None = None,
 ) -> MemoryStats:
     """fresh: `agent`/`conversation` were just read, so their message count is current; otherwise (later
-    in a run, which has stored messages since) it is read again."""
+    in a run, which has stored messages since) it is read again. archival: the archives' passage count
+    and tags, when just read (else read here)."""
     holder = conversation or agent
     stored = (
         holder.message_count
         if fresh
         else store.stored_message_count(agent.id, conversation.id if conversation else None)
     )
-    count, tags = agent_archival_stats(actor=actor, agent_id=agent.id)  # kept per archive, not counted
+    # kept per archive, not counted
+    count, tags = archival if archival is not None else agent_archival_stats(actor=actor, agent_id=agent.id)
     return MemoryStats(
         last_memory_edit=max((b.updated_at for b in blocks), default=None),
         recall_message_count=max(0, stored - in_context_count),

@@ -17,6 +17,7 @@ are on the conversation's row, or on the agent's for the default thread.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,9 +27,11 @@ from typing import Any
 from django.db import DatabaseError, connection, models, transaction
 from django.utils import timezone
 
+from apps.agents.locks import conversation_lock_key
 from apps.agents.models import Agent, AgentTool, Conversation, Message, Run, Step, pack_trace
 from apps.core.actor import Actor
-from apps.core.db import fetch_instances, insert_all, row_reader
+from apps.core.db import insert_all, row_reader
+from apps.memory.archival import archival_stats_from_row, archival_stats_query
 from apps.memory.models import AgentBlock, Block
 from apps.tools.models import Tool
 
@@ -63,6 +66,7 @@ class Claim:
     run: Run | None
     others_running: bool
     earlier_waiting: bool
+    locked: bool = True  # claim_run(lock_key=...): whether this session took the conversation's lock
 
 
 def _holder(agent_id: str, conversation_id: str | None) -> tuple[type[Agent] | type[Conversation], str]:
@@ -82,13 +86,58 @@ def run_thread(run_id: str) -> tuple[str, str | None] | None:
     return row[0], row[1]
 
 
-def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
+RELAXED_CLAIM = "(SELECT set_config('synchronous_commit', 'off', true))"
+"""The claim's statement is its own transaction (autocommit): this makes its commit asynchronous. Inside
+a caller's transaction it would apply to the whole of it, so it is left out there."""
+
+
+@contextmanager
+def claim_locked(run_id: str, agent_id: str, conversation_id: str | None) -> Iterator[Claim | None]:
+    """claim_run under the conversation's lock (apps.agents.locks), taken by the claim's own statement:
+    one round trip for both. Yields None when another session holds the lock (nothing was claimed);
+    otherwise the claim, with the lock held until the block ends."""
+    key = conversation_lock_key(agent_id, conversation_id)
+    try:
+        claim = claim_run(run_id, agent_id, conversation_id, lock_key=key)
+    except BaseException:
+        # A session lock outlives a failed statement: give it back in case the statement had taken it.
+        with contextlib.suppress(DatabaseError):
+            _unlock(key)
+        raise
+    try:
+        yield claim if claim.locked else None
+    finally:
+        if claim.locked:
+            _unlock(key)
+
+
+def _unlock(key: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+def claim_run(
+    run_id: str, agent_id: str, conversation_id: str | None, *, lock_key: int | None = None
+) -> Claim:
     """Claim the run (created -> running) unless an earlier run of its conversation still waits, and admit
     its input into the context window, in one statement. The caller holds the conversation's lock.
 
     Admitting appends the run's input (user messages, an approval decision), in sequence order, to the
     thread's in-context ids, skipping any the list holds already; the UPDATE's row lock orders it against
-    any other writer of the list."""
+    any other writer of the list.
+
+    Outside a transaction its commit does not wait for the disk (RELAXED_CLAIM): it is on the path to the
+    run's first LLM call, and a flush costs several ms there. Only a crash of PostgreSQL itself within
+    a fraction of a second can lose it, and then nothing of the run is stored after it either: the WAL is
+    one sequence, so the run's next synchronous commit (its first step, a failed step, its end), or any
+    other session's, makes the claim durable first. A lost claim leaves the run `created`, with its input
+    (committed and flushed by run_create) outside the context, as if its worker had died before claiming:
+    crash recovery enqueues it again (apps.agents.recovery.requeue_lost_tasks).
+
+    lock_key: take that advisory lock (pg_try_advisory_lock) in this statement and claim only if it was
+    taken (claim_locked). The statement's snapshot then predates the lock, so it may still see the run
+    that held the lock as RUNNING or an earlier run as `created`: the first makes the caller's orphan
+    check (a statement of its own) find nothing to fail, the second defers this run for a retry."""
     table = Run._meta.db_table
     reader = row_reader(Run, table)
     holder, holder_id = _holder(agent_id, conversation_id)
@@ -103,11 +152,19 @@ def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
         "lease": uuid.uuid4().hex,
         "tool": Message.Role.TOOL,
         "assistant": Message.Role.ASSISTANT,
+        "lock": lock_key,
     }
+    # Materialized: evaluated once, before the UPDATE's rows (a one-time filter), and always (the final
+    # SELECT reads it).
+    lock = (
+        "lk AS MATERIALIZED (SELECT pg_try_advisory_lock(%(lock)s) AS got)"
+        if lock_key is not None
+        else "lk AS MATERIALIZED (SELECT true AS got)"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            WITH others AS (
+            WITH {lock}, others AS (
                 SELECT status FROM {table}
                 WHERE agent_id = %(agent)s AND id <> %(id)s AND (
                     status = %(running)s
@@ -120,6 +177,7 @@ def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
                 WHERE id = %(id)s AND agent_id = %(agent)s AND status = %(created)s
                   AND conversation_id IS NOT DISTINCT FROM %(conversation)s
                   AND NOT EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
+                  AND (SELECT got FROM lk)
                 RETURNING {reader.columns}
             ), admitted AS (
                 UPDATE {holder._meta.db_table} AS holder SET message_ids = holder.message_ids || ARRAY(
@@ -132,59 +190,160 @@ def claim_run(run_id: str, agent_id: str, conversation_id: str | None) -> Claim:
             )
             SELECT claimed.*,
                    EXISTS (SELECT 1 FROM others WHERE status = %(running)s),
-                   EXISTS (SELECT 1 FROM others WHERE status = %(created)s)
-            FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+                   EXISTS (SELECT 1 FROM others WHERE status = %(created)s),
+                   (SELECT got FROM lk)
+            FROM {RELAXED_CLAIM if connection.get_autocommit() else "(SELECT 1)"} AS one
+            LEFT JOIN claimed ON true
             """,
             params,
         )
         row = cursor.fetchone()
-    *values, others_running, earlier_waiting = row
+    *values, others_running, earlier_waiting, locked = row
     claimed = None if values[reader.position("id")] is None else reader.instance(values)
-    return Claim(claimed, others_running, earlier_waiting)
+    return Claim(claimed, others_running, earlier_waiting, locked)
 
 
-def load_agent(agent_id: str, actor: Actor) -> Agent:
-    return _load_one(Agent, agent_id, actor)
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One SELECT of a batch that `read_together` sends at once: its rows as instances of `model` (its
+    select list written `{columns}`, apps.core.db.RowReader), or as tuples when model is None."""
+
+    sql: str
+    params: Sequence[Any]
+    model: type[models.Model] | None = None
+    alias: str = ""
+    exclude: frozenset[str] = frozenset()
 
 
-def load_conversation(conversation_id: str, actor: Actor) -> Conversation:
-    return _load_one(Conversation, conversation_id, actor)
+def read_together(*reads: Read) -> list[list[Any]]:
+    """The rows of each read, in one round trip to the database: psycopg's pipeline mode sends every
+    statement before waiting for the first answer. They run one after the other, each seeing what the ones
+    before it committed, as if sent one by one; a run's first LLM call waits for these, and under load
+    every round trip costs a wake-up of the database backend (several ms on a busy machine)."""
+    readers = [row_reader(r.model, r.alias, r.exclude) if r.model is not None else None for r in reads]
+    texts = [
+        r.sql.replace("{columns}", reader.columns) if reader else r.sql
+        for r, reader in zip(reads, readers, strict=True)
+    ]
+    connection.ensure_connection()
+    raw = connection.connection
+    cursors = [connection.cursor() for _ in reads]
+    try:
+        if len(reads) > 1 and _pipelines_supported():
+            with connection.wrap_database_errors, raw.pipeline():
+                for cursor, text, read in zip(cursors, texts, reads, strict=True):
+                    cursor.execute(text, read.params)
+        else:
+            for cursor, text, read in zip(cursors, texts, reads, strict=True):
+                cursor.execute(text, read.params)
+        return [
+            [reader.instance(row) for row in cursor.fetchall()] if reader else list(cursor.fetchall())
+            for cursor, reader in zip(cursors, readers, strict=True)
+        ]
+    finally:
+        for cursor in cursors:
+            cursor.close()
 
 
-def _load_one(model: type[Any], row_id: str, actor: Actor) -> Any:
-    table = model._meta.db_table
-    rows = fetch_instances(
-        model,
-        f"SELECT {{columns}} FROM {table} AS loaded WHERE loaded.id = %s AND loaded.organization_id = %s",
+def _pipelines_supported() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
+def _one_read(model: type[Any], row_id: str, actor: Actor) -> Read:
+    return Read(
+        f"SELECT {{columns}} FROM {model._meta.db_table} AS loaded "
+        "WHERE loaded.id = %s AND loaded.organization_id = %s",
         [row_id, actor.organization_id],
+        model=model,
         alias="loaded",
     )
+
+
+def _the_one(model: type[Any], rows: list[Any], row_id: str) -> Any:
     if not rows:
         raise model.DoesNotExist(f"{model.__name__} '{row_id}' not found")
     return rows[0]
 
 
-def load_blocks(agent_id: str, actor: Actor) -> list[Block]:
-    """The agent's memory blocks, oldest first."""
-    return fetch_instances(
-        Block,
+def load_agent(agent_id: str, actor: Actor) -> Agent:
+    return _the_one(Agent, read_together(_one_read(Agent, agent_id, actor))[0], agent_id)
+
+
+def load_conversation(conversation_id: str, actor: Actor) -> Conversation:
+    return _the_one(
+        Conversation, read_together(_one_read(Conversation, conversation_id, actor))[0], conversation_id
+    )
+
+
+def _blocks_read(agent_id: str, actor: Actor) -> Read:
+    return Read(
         f"SELECT {{columns}} FROM {Block._meta.db_table} AS block "
         f"JOIN {AgentBlock._meta.db_table} AS link ON link.block_id = block.id "
         "WHERE link.agent_id = %s AND block.organization_id = %s ORDER BY block.created_at, block.id",
         [agent_id, actor.organization_id],
+        model=Block,
         alias="block",
     )
 
 
-def load_tools(agent_id: str, actor: Actor) -> list[Tool]:
-    """The agent's attached tools, by name."""
-    return fetch_instances(
-        Tool,
+def _tools_read(agent_id: str, actor: Actor) -> Read:
+    return Read(
         f"SELECT {{columns}} FROM {Tool._meta.db_table} AS tool "
         f"JOIN {AgentTool._meta.db_table} AS link ON link.tool_id = tool.id "
         "WHERE link.agent_id = %s AND tool.organization_id = %s ORDER BY tool.name",
         [agent_id, actor.organization_id],
+        model=Tool,
         alias="tool",
+    )
+
+
+def load_blocks(agent_id: str, actor: Actor) -> list[Block]:
+    """The agent's memory blocks, oldest first."""
+    return read_together(_blocks_read(agent_id, actor))[0]
+
+
+def load_tools(agent_id: str, actor: Actor) -> list[Tool]:
+    """The agent's attached tools, by name."""
+    return read_together(_tools_read(agent_id, actor))[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What a run reads of its thread before its first step (load_thread)."""
+
+    agent: Agent
+    conversation: Conversation | None
+    blocks: list[Block]
+    tools: list[Tool]
+    archival_count: int
+    archival_tags: list[str]
+
+
+def load_thread(agent_id: str, conversation_id: str | None, actor: Actor) -> Loaded:
+    """The agent (and conversation), its blocks and tools, and its archives' passage count and tags, in one
+    round trip (read_together). Raises DoesNotExist for a missing agent or conversation."""
+    sql, params = archival_stats_query(actor=actor, agent_id=agent_id)
+    reads = [
+        _one_read(Agent, agent_id, actor),
+        _blocks_read(agent_id, actor),
+        _tools_read(agent_id, actor),
+        Read(sql, params),
+    ]
+    if conversation_id:
+        reads.append(_one_read(Conversation, conversation_id, actor))
+    agent_rows, blocks, tools, stats, *conversation_rows = read_together(*reads)
+    count, tags = archival_stats_from_row(stats[0])
+    return Loaded(
+        agent=_the_one(Agent, agent_rows, agent_id),
+        conversation=_the_one(Conversation, conversation_rows[0], conversation_id)
+        if conversation_id
+        else None,
+        blocks=blocks,
+        tools=tools,
+        archival_count=count,
+        archival_tags=tags,
     )
 
 

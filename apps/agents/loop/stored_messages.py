@@ -29,37 +29,56 @@ _kept: OrderedDict[str, Message] = OrderedDict()
 _lock = threading.Lock()
 
 
+MESSAGES_SQL = (
+    f"SELECT {{columns}} FROM {Message._meta.db_table} AS message "
+    "WHERE message.id = ANY(%s) AND message.organization_id = %s"
+)
+MESSAGE_ALIAS = "message"
+MESSAGE_EXCLUDE = frozenset({"embedding"})  # recall's, never part of a prompt
+
+
 def in_context_messages(actor: Actor, ids: list[str], *, keep: bool = True) -> list[Message]:
     """The actor's messages with these ids, in this order (ids of missing messages are skipped).
 
     keep=False neither reads nor fills the process's store (the web process's context viewer)."""
-    limit = settings.MESSAGE_CACHE_SIZE if keep else 0
-    found: dict[str, Message] = {}
-    if limit:
-        with _lock:
-            for message_id in ids:
-                message = _kept.get(message_id)
-                if message is not None and message.organization_id == actor.organization_id:
-                    found[message_id] = message
-                    _kept.move_to_end(message_id)
-    missing = [message_id for message_id in ids if message_id not in found]
-    if missing:
-        fetched = fetch_instances(
-            Message,
-            f"SELECT {{columns}} FROM {Message._meta.db_table} AS message "
-            "WHERE message.id = ANY(%s) AND message.organization_id = %s",
-            [missing, actor.organization_id],
-            alias="message",
-            exclude=frozenset({"embedding"}),  # recall's, never part of a prompt
-        )
-        found.update((message.id, message) for message in fetched)
-        if limit:
+    pending = InContext(actor, ids, keep=keep)
+    fetched = (
+        fetch_instances(Message, MESSAGES_SQL, pending.params(), alias=MESSAGE_ALIAS, exclude=MESSAGE_EXCLUDE)
+        if pending.missing
+        else []
+    )
+    return pending.complete(fetched)
+
+
+class InContext:
+    """in_context_messages in two halves, for a caller that reads the missing messages with other reads
+    (a run's load): what the process keeps, then `complete` with the rows of MESSAGES_SQL for `params()`."""
+
+    def __init__(self, actor: Actor, ids: list[str], *, keep: bool = True) -> None:
+        self.actor, self.ids = actor, ids
+        self.limit = settings.MESSAGE_CACHE_SIZE if keep else 0
+        self.found: dict[str, Message] = {}
+        if self.limit:
+            with _lock:
+                for message_id in ids:
+                    message = _kept.get(message_id)
+                    if message is not None and message.organization_id == actor.organization_id:
+                        self.found[message_id] = message
+                        _kept.move_to_end(message_id)
+        self.missing = [message_id for message_id in ids if message_id not in self.found]
+
+    def params(self) -> list[object]:
+        return [self.missing, self.actor.organization_id]
+
+    def complete(self, fetched: list[Message]) -> list[Message]:
+        self.found.update((message.id, message) for message in fetched)
+        if self.limit and fetched:
             with _lock:
                 for message in fetched:
                     _kept[message.id] = message
-                while len(_kept) > limit:
+                while len(_kept) > self.limit:
                     _kept.popitem(last=False)
-    return [found[message_id] for message_id in ids if message_id in found]
+        return [self.found[message_id] for message_id in self.ids if message_id in self.found]
 
 
 def forget_all() -> None:
