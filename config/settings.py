@@ -385,6 +385,11 @@ MAX_STREAMS_PER_USER = env.int("MAX_STREAMS_PER_USER", default=8)
 # The longest a blocking send waits for its run (less when the client announces a shorter read timeout);
 # then it answers 504 with what the run produced so far, and the run goes on.
 BLOCKING_WAIT_SECONDS = env.float("BLOCKING_WAIT_SECONDS", default=600.0)
+# Each web process follows all its streams with one reader (apps.streams.hub): entries a slow client may
+# have queued before it is switched to re-reading its backlog from Redis, and the hub's Redis connections
+# besides the reader's (catch-up reads, wake-ups, stream slots).
+STREAM_HUB_QUEUE_EVENTS = env.int("STREAM_HUB_QUEUE_EVENTS", default=2000)
+STREAM_HUB_CONNECTIONS = env.int("STREAM_HUB_CONNECTIONS", default=8)
 # End of Throttling --------------------------------------------------------------------------------
 
 # Run bounds ---------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """WebSocket relay of a run's event stream to the ADE: authenticated, org-checked, resumable from a cursor.
 
-Tokens never travel through the channel layer: the consumer reads the run's Redis Stream itself
-(apps.streams.events), from the cursor the browser passes (`?after=<last id seen>`), so a reconnecting
-page gets what it missed and then the live tail, with no gap and no duplicate.
+Tokens never travel through the channel layer: the consumer follows the run's Redis Stream through the
+process's one reader (apps.streams.hub), from the cursor the browser passes (`?after=<last id seen>`), so
+a reconnecting page gets what it missed and then the live tail, with no gap and no duplicate.
 
 Each relay holds one of its user's stream slots (MAX_STREAMS_PER_USER, shared with the API's SSE streams
 and blocking sends): past the cap the socket is accepted and closed at once with code 4429 and a reason
-(a browser sees neither for a socket refused before it opens). The relay's Redis client and its slot
+(a browser sees neither for a socket refused before it opens). The relay's subscription and its slot
 are given back when the socket closes, whichever side closes it.
 """
 
@@ -22,11 +22,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.agents.selectors import run_visible_to_user
 from apps.api.throttles import STREAM_CLOSE_CODE, StreamSlot, astream_slot, too_many_streams_reason
-from apps.streams.events import END_EVENT, START, stream_key
-from apps.streams.redis_client import get_async_redis
+from apps.streams.events import START
+from apps.streams.hub import StreamHub, get_hub
 
 UNAUTHORIZED = 4401
 NOT_FOUND = 4404
+PING_AFTER_S = 15.0
+"""Seconds of silence before the relay pings the page."""
 
 
 @database_sync_to_async
@@ -37,7 +39,7 @@ def _run_visible_to(user: Any, run_id: str) -> bool:
 
 class RunStreamConsumer(AsyncWebsocketConsumer):
     relay: asyncio.Task[None] | None = None
-    redis: Any = None
+    hub: StreamHub | None = None
     slot: StreamSlot | None = None
 
     async def connect(self) -> None:
@@ -51,41 +53,33 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         after = (query.get("after") or [START])[0]
-        self.redis = get_async_redis()
-        self.slot = await astream_slot(self.redis, str(user.pk))
+        self.hub = get_hub()
+        self.slot = await astream_slot(self.hub.commands, str(user.pk))
         await self.accept()
         if self.slot is None:
             await self.close(code=STREAM_CLOSE_CODE, reason=too_many_streams_reason())
             return
-        self.relay = asyncio.create_task(self._relay(run_id, after))
+        self.relay = asyncio.create_task(self._relay(self.hub, run_id, after))
 
     async def disconnect(self, code: int) -> None:
         if self.relay is not None:
             self.relay.cancel()
             await asyncio.gather(self.relay, return_exceptions=True)
             self.relay = None
-        if self.redis is not None:
-            try:
-                if self.slot is not None:
-                    await self.slot.arelease(self.redis)
-            finally:
-                await self.redis.aclose()
-                self.redis = None
+        if self.hub is not None and self.slot is not None:
+            await self.slot.arelease(self.hub.commands)
 
-    async def _relay(self, run_id: str, after: str) -> None:
-        client = self.redis
-        cursor = after
-        while True:
-            if self.slot is not None:
-                await self.slot.arefresh(client)
-            reply = await client.xread({stream_key(run_id): cursor}, count=200, block=15_000)
-            if not reply:
-                await self.send(text_data=json.dumps({"type": "ping"}))
-                continue
-            for entry_id, fields in reply[0][1]:
-                cursor = entry_id
-                event = json.loads(fields["data"])
-                await self.send(text_data=json.dumps({"cursor": entry_id, "event": event}))
-                if event.get("message_type") == END_EVENT:
-                    await self.close()
-                    return
+    async def _relay(self, hub: StreamHub, run_id: str, after: str) -> None:
+        async with hub.subscribe(run_id, after) as subscription:
+            while True:
+                if self.slot is not None:
+                    await self.slot.arefresh(hub.commands)
+                events = await subscription.get(PING_AFTER_S)
+                if not events:
+                    await self.send(text_data=json.dumps({"type": "ping"}))
+                    continue
+                for event in events:
+                    await self.send(text_data=json.dumps({"cursor": event.cursor, "event": event.data}))
+                    if event.is_end:
+                        await self.close()
+                        return

@@ -7,14 +7,16 @@ import io
 import json
 import logging
 import tempfile
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from daphne import http_protocol
 from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from twisted.web import http as twisted_http
 
 logger = logging.getLogger(__name__)
@@ -106,8 +108,63 @@ class SyncChainASGIHandler(ASGIHandler):
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         # The request's own thread (ASGIHandler gives each request a ThreadSensitiveContext), where its
         # database connection lives; the response is closed there too.
-        response: Any = await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        # Views may answer with an AwaitedResponse (see awaits_answers).
+        request.awaits_answers = True  # type: ignore[attr-defined]
+        response: Any = await sync_to_async(self._respond_in_thread, thread_sensitive=True)(request)
+        if isinstance(response, AwaitedResponse):
+            release_request_thread()
+            return await response.resolve()
+        if response.streaming and response.is_async:
+            release_request_thread()
         return response
+
+    def _respond_in_thread(self, request: HttpRequest) -> HttpResponseBase:
+        response: Any = self.get_response(request)
+        if isinstance(response, AwaitedResponse) or (response.streaming and response.is_async):
+            # The answer is awaited, or the body sent, by the event loop (a stream may last an hour, a
+            # blocking send ten minutes): the request's thread goes now, and its database connections with
+            # it (back to the pool).
+            connections.close_all()
+        return response
+
+
+class AwaitedResponse(HttpResponse):
+    """A view's answer that comes later, awaited on the event loop rather than in the request's thread
+    (a blocking send waiting for its run): SyncChainASGIHandler lets the thread go, awaits `answer()` and
+    sends the response it returns, with the headers the middleware gave this stand-in. Return one only
+    when awaits_answers(request)."""
+
+    def __init__(self, answer: Callable[[], Awaitable[HttpResponseBase]]) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def resolve(self) -> HttpResponseBase:
+        response = await self.answer()
+        for header, value in self.items():
+            if header.lower() not in ("content-type", "content-length") and not response.has_header(header):
+                response[header] = value
+        for name, cookie in self.cookies.items():
+            response.cookies.setdefault(name, cookie)
+        if isinstance(response, HttpResponse) and not response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))  # as CommonMiddleware would
+        return response
+
+
+def awaits_answers(request: Any) -> bool:
+    """Whether the request (Django's or DRF's) is served by SyncChainASGIHandler, which awaits an
+    AwaitedResponse; Django's test client and WSGI do not."""
+    return bool(getattr(request, "awaits_answers", False))
+
+
+def release_request_thread() -> None:
+    """End the current request's thread (its ThreadSensitiveContext's executor) now rather than when the
+    response is done: an asynchronous streaming body needs no thread, and 2,000 open streams would otherwise
+    park 2,000 idle threads. A later thread-sensitive call of the request (closing the response) gets a new
+    thread for its moment; the context's exit ends that one as usual."""
+    context = SyncToAsync.thread_sensitive_context.get(None)
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None) if context is not None else None
+    if executor is not None:
+        executor.shutdown(wait=False)
 
 
 class BoundedWebRequest(http_protocol.WebRequest):

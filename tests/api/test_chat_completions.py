@@ -254,6 +254,22 @@ def test_a_stream_through_daphne(daphne, actor, llm, celery_worker):
     assert human(actor) == "Name: Sam"
 
 
+def test_a_blocking_completion_through_daphne(daphne, actor, llm, celery_worker):
+    """Under daphne a blocking send's wait is the event loop's; a completion still gets its answer."""
+    agent = new_agent(actor)
+    key = api_key_create(actor=actor, user=User.objects.get(id=actor.user_id), name="asgi").raw_key
+    client = openai.OpenAI(base_url=daphne.url + "/v1", api_key=key, max_retries=0, timeout=30)
+    llm.push(*remember_sam())
+
+    completion = client.chat.completions.create(
+        model=agent.id, messages=[{"role": "user", "content": "My name is Sam"}]
+    )
+
+    assert completion.choices[0].message.content == "Nice to meet you, Sam!"
+    assert completion.id.startswith("chatcmpl-run-")
+    assert human(actor) == "Name: Sam"
+
+
 # --- refusals (no run is started) ------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from django.http import HttpResponse
 from django.urls import re_path
@@ -74,7 +74,8 @@ class ChatCompletionsApi(MessageSendApiView):
                 usage=data.include_usage(),
             )
         send = SendRequest(messages=[MessageIn(content=content)], include_return_message_types=ANSWER_TYPES)
-        response = self.blocking(request, agent_id=agent_id, send=send)
+        # Its data is translated here, so the wait is in this thread, as under WSGI.
+        response = cast(Response, self.blocking(request, agent_id=agent_id, send=send, on_event_loop=False))
         if response.status_code != status.HTTP_200_OK:
             return response
         completion_id = f"chatcmpl-{_run_id(response.data)}"

@@ -37,7 +37,7 @@ from apps.api import throttles
 from apps.api.base import OrgApiView
 from apps.api.serializers import conversations as cs
 from apps.api.serializers import messages as s
-from apps.api.sse import StreamOptions, run_sse, sse_response
+from apps.api.sse import StreamOptions, run_sse_response
 from apps.api.views.agent_ops import llm_error_response
 from apps.api.views.messages import (
     LIST_PARAMETERS,
@@ -215,7 +215,7 @@ class ConversationStreamApi(OrgApiView):
             starting_after=given["starting_after"] or 0,
         )
         slot = throttles.require_stream_slot(self.actor)
-        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
+        return run_sse_response(request, actor=self.actor, run_id=run.id, options=options, slot=slot)
 
 
 def _run_to_follow(*, actor: Actor, thread: Thread, run_id: str | None, otid: str | None) -> Run:

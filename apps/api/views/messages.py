@@ -22,8 +22,11 @@ Decisions a client can observe:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import IntegrityError
 from django.http import HttpResponse
@@ -46,10 +49,12 @@ from apps.api.base import OrgApiView
 from apps.api.errors import internal_error_response
 from apps.api.serializers import agents as agent_serializers
 from apps.api.serializers import messages as s
-from apps.api.sse import StreamOptions, run_sse, sse_response
+from apps.api.sse import StreamOptions, acollect_run, run_sse_response
 from apps.core.actor import Actor
+from apps.core.asgi import AwaitedResponse, awaits_answers
 from apps.core.errors import Conflict, NotFound
 from apps.core.pagination import PageParams
+from apps.streams.hub import get_hub
 
 logger = logging.getLogger(__name__)
 
@@ -134,18 +139,67 @@ class MessageSendApiView(OrgApiView):
             include_pings=send.include_pings,
             approval_tools=approval_tools,
         )
-        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
+        return run_sse_response(request, actor=self.actor, run_id=run.id, options=options, slot=slot)
 
-    def blocking(self, request: Request, *, agent_id: str, send: s.SendRequest, **kwargs: Any) -> Response:
+    def blocking(
+        self,
+        request: Request,
+        *,
+        agent_id: str,
+        send: s.SendRequest,
+        on_event_loop: bool = True,
+        **kwargs: Any,
+    ) -> HttpResponse:
+        """The run's answer once it ends (or the 504 at the client's deadline). Under ASGI, unless
+        `on_event_loop` is False (a caller that reads the response's data), an AwaitedResponse."""
         wait_s = blocking_wait_s(request)
         slot = throttles.require_stream_slot(self.actor, ttl_s=wait_s + throttles.BLOCKING_SLOT_MARGIN_S)
+        handed_over = False
         try:
             run = self.start_run(agent_id=agent_id, send=send, **kwargs)
+            if on_event_loop and awaits_answers(request):
+                # Under ASGI the wait is the event loop's (no thread held for it); the slot goes with it.
+                answer = partial(self.blocking_answer, request, run=run, send=send, wait_s=wait_s, slot=slot)
+                handed_over = True
+                return AwaitedResponse(answer)
             collected = agent_services.run_collect(
                 actor=self.actor, run_id=run.id, run=run, reread=False, timeout_s=wait_s
             )
         finally:
-            slot.release()
+            if not handed_over:
+                slot.release()
+        return self.blocking_response(run, collected, send)
+
+    async def blocking_answer(
+        self, request: Request, *, run: Run, send: s.SendRequest, wait_s: float, slot: throttles.StreamSlot
+    ) -> HttpResponse:
+        """The blocking send's answer, waited for on the event loop (sse.acollect_run), then built as the
+        view would have (in one of the loop's shared threads: it reads the database)."""
+        answer: Callable[[], Response] | Exception
+        try:
+            collected = await acollect_run(actor=self.actor, run=run, timeout_s=wait_s)
+            answer = partial(self.blocking_response, run, collected, send)
+        except Exception as exc:
+            answer = exc
+        finally:
+            await slot.arelease(get_hub().commands)
+        return await database_sync_to_async(self.finish_answer, thread_sensitive=False)(request, answer)
+
+    def finish_answer(self, request: Request, answer: Callable[[], Response] | Exception) -> HttpResponse:
+        """What DRF's dispatch does with a view's result or exception: handled, finalized, rendered."""
+        try:
+            if isinstance(answer, Exception):
+                raise answer
+            response = answer()
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        response = self.finalize_response(request, response)
+        response.render()
+        return response
+
+    def blocking_response(
+        self, run: Run, collected: agent_services.CollectedRun, send: s.SendRequest
+    ) -> Response:
         if not collected.finished:
             return Response(
                 {
@@ -181,7 +235,7 @@ FAILED_RUN_STATUS = {
 
 def blocking_wait_s(request: Request) -> float:
     """How long a blocking send may wait: just under the client's read timeout, so it gets an answer, and
-    at most BLOCKING_WAIT_SECONDS (each wait holds a thread and a stream slot)."""
+    at most BLOCKING_WAIT_SECONDS (each wait holds a stream slot; under WSGI a thread too)."""
     try:
         client_timeout = float(
             request.headers.get("x-stainless-read-timeout") or DEFAULT_CLIENT_READ_TIMEOUT_S

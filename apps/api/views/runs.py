@@ -15,7 +15,7 @@ from apps.agents import selectors as agent_selectors
 from apps.api import throttles
 from apps.api.base import OrgApiView
 from apps.api.serializers import messages as s
-from apps.api.sse import StreamOptions, run_sse, sse_response
+from apps.api.sse import StreamOptions, run_sse_response
 from apps.api.views.messages import LIST_PARAMETERS, LenientContentNegotiation, message_list_response
 from apps.core.pagination import PageParams, paginate
 from apps.observability import selectors as observability_selectors
@@ -174,7 +174,7 @@ class RunStreamApi(OrgApiView):
             starting_after=data.validated_data["starting_after"] or 0,
         )
         slot = throttles.require_stream_slot(self.actor)
-        return sse_response(request, run_sse(actor=self.actor, run_id=run.id, options=options, slot=slot))
+        return run_sse_response(request, actor=self.actor, run_id=run.id, options=options, slot=slot)
 
 
 urlpatterns = [
