@@ -106,6 +106,26 @@ def handle_picker(
     }
 
 
+def collection_form_context(
+    request: AdeRequest, form: dict[str, str], errors: dict[str, str], *, allow_empty: bool = False
+) -> dict[str, Any]:
+    """Context of a new folder's or archive's form (name, description, embedding model): the model
+    defaults to the first one the providers list, as the agent form's does."""
+    embeddings = embedding_model_list(actor=request.actor)
+    if not form:
+        form = {"name": "", "description": "", "embedding": embeddings[0].handle if embeddings else ""}
+    picker = handle_picker(
+        name="embedding",
+        label="Embedding model",
+        kind="embedding",
+        options=embeddings,
+        value=form["embedding"],
+        error=errors.get("embedding", ""),
+        allow_empty=allow_empty,
+    )
+    return {"form": form, "errors": errors, "embedding_picker": picker}
+
+
 def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
     models = model_list(actor=request.actor)
     embeddings = embedding_model_list(actor=request.actor)

@@ -22,7 +22,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.ade.forms.archives import ArchiveForm, PassageForm, PassageSearchForm
-from apps.ade.views.agents import handle_picker
+from apps.ade.views.agents import collection_form_context
 from apps.ade.views.base import AdeRequest, ade_view, error_response, redirect_after_action, refusal_status
 from apps.agents import selectors as agent_selectors
 from apps.core.errors import DomainError, InvalidInput, PermissionDenied
@@ -54,19 +54,8 @@ def archive_list(request: AdeRequest) -> HttpResponse:
 
 
 def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
-    embeddings = agent_selectors.embedding_model_list(actor=request.actor)
-    if not form:
-        form = {"name": "", "description": "", "embedding": embeddings[0].handle if embeddings else ""}
-    picker = handle_picker(
-        name="embedding",
-        label="Embedding model",
-        kind="embedding",
-        options=embeddings,
-        value=form["embedding"],
-        error=errors.get("embedding", ""),
-        allow_empty=True,
-    )
-    return {"form": form, "errors": errors, "embedding_picker": picker}
+    """An archive may have no embedding model: its passages are then found by text match."""
+    return collection_form_context(request, form, errors, allow_empty=True)
 
 
 @require_http_methods(["GET", "POST"])
@@ -109,6 +98,15 @@ def _passages_context(request: AdeRequest, archive: Archive, **extra: Any) -> di
     } | extra
 
 
+def _passages_changed(request: AdeRequest, archive: Archive, notice: str) -> HttpResponse:
+    """After a passage was added or deleted: the passages again (HTMX), or the archive's page."""
+    if not request.htmx:
+        messages.success(request, notice)
+        return redirect("ade:archive-detail", archive.id)
+    context = _passages_context(request, archive, notice=notice)
+    return render(request, "ade/archives/_passages.html", context)
+
+
 @require_GET
 @ade_view
 def archive_detail(request: AdeRequest, archive_id: str) -> HttpResponse:
@@ -136,14 +134,7 @@ def archive_passage_add(request: AdeRequest, archive_id: str) -> HttpResponse:
             form.add_domain_error(exc, "text")
             status = refusal_status(exc)
         else:
-            if not request.htmx:
-                messages.success(request, "Passage added.")
-                return redirect("ade:archive-detail", archive.id)
-            return render(
-                request,
-                "ade/archives/_passages.html",
-                _passages_context(request, archive, notice="Passage added."),
-            )
+            return _passages_changed(request, archive, "Passage added.")
     context = _passages_context(request, archive, form=form.values(), errors=form.error_map())
     return render(request, "ade/archives/_passages.html", context, status=status)
 
@@ -156,11 +147,7 @@ def archive_passage_delete(request: AdeRequest, archive_id: str, passage_id: str
         services.archive_passage_delete(actor=request.actor, archive_id=archive.id, passage_id=passage_id)
     except InvalidInput as exc:  # another archive's passage
         return error_response(request, exc, status=400)
-    if not request.htmx:
-        messages.success(request, "Passage deleted.")
-        return redirect("ade:archive-detail", archive.id)
-    context = _passages_context(request, archive, notice="Passage deleted.")
-    return render(request, "ade/archives/_passages.html", context)
+    return _passages_changed(request, archive, "Passage deleted.")
 
 
 @require_GET

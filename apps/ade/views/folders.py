@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from apps.ade.forms.folders import FolderAttachForm, FolderForm, FolderUploadForm
-from apps.ade.views.agents import handle_picker
+from apps.ade.views.agents import collection_form_context
 from apps.ade.views.base import AdeRequest, ade_view, agent_changed, redirect_after_action, refusal_status
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent
@@ -81,20 +81,9 @@ def folder_row(request: AdeRequest, folder_id: str) -> HttpResponse:
 
 
 def _create_context(request: AdeRequest, form: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
-    """The embedding model defaults to the first one the providers list, as the agent form's does: a
-    folder needs one (/v1 answers 400 without), and its files are embedded with it for good."""
-    embeddings = agent_selectors.embedding_model_list(actor=request.actor)
-    if not form:
-        form = {"name": "", "description": "", "embedding": embeddings[0].handle if embeddings else ""}
-    picker = handle_picker(
-        name="embedding",
-        label="Embedding model",
-        kind="embedding",
-        options=embeddings,
-        value=form["embedding"],
-        error=errors.get("embedding", ""),
-    )
-    return {"form": form, "errors": errors, "embedding_picker": picker}
+    """A folder needs an embedding model (/v1 answers 400 without), and its files are embedded with it for
+    good."""
+    return collection_form_context(request, form, errors)
 
 
 @require_http_methods(["GET", "POST"])
