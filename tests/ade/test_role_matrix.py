@@ -34,6 +34,8 @@ from apps.core.permissions import Action, allows
 from apps.folders import services as folder_services
 from apps.folders.ingest import ingest_file
 from apps.folders.models import AgentFile, FileMetadata, Folder
+from apps.identities import services as identity_services
+from apps.identities.models import Identity
 from apps.llm.models import Provider
 from apps.llm.services import provider_create
 from apps.memory import services as memory_services
@@ -248,6 +250,16 @@ def _with_archive(world: World, role: str) -> None:
         actor=world.creator, archive_id=archive.id, passages=[memory_services.PassageSpec(text="kept")]
     )
     world.extra["archive"], world.extra["passage"] = archive, passage
+
+
+def _with_identity(world: World, role: str) -> None:
+    world.extra["identity"] = identity_services.identity_create(
+        actor=world.creator, identifier_key="user-1", name="Sam", identity_type="user"
+    )
+
+
+def _identity(world: World) -> Identity | None:
+    return Identity.objects.unscoped().filter(id=world.extra["identity"].id).first()
 
 
 def _archive_texts(world: World) -> set[str]:
@@ -532,6 +544,51 @@ CASES = [
         lambda w: "kept" not in _archive_texts(w),
         prepare=_with_archive,
     ),
+    # --- identity pages -------------------------------------------------------------------------------------
+    Case(
+        "create an identity",
+        Action.IDENTITY_CREATE,
+        lambda c, w: c.post(
+            reverse("ade:identity-create"),
+            {"identifier_key": "fresh", "name": "Fresh", "identity_type": "user"},
+            **HTMX,
+        ),
+        lambda w: Identity.objects.unscoped().filter(identifier_key="fresh").exists(),
+        by_creator=False,
+        allowed_status=(204,),
+    ),
+    Case(
+        "rename an identity",
+        Action.IDENTITY_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:identity-edit", args=[w.extra["identity"].id]),
+            {"identifier_key": "user-1", "name": "Renamed", "identity_type": "user"},
+            **HTMX,
+        ),
+        lambda w: getattr(_identity(w), "name", None) == "Renamed",
+        prepare=_with_identity,
+        allowed_status=(204,),
+    ),
+    Case(
+        "set a property of an identity",
+        Action.IDENTITY_WRITE,
+        lambda c, w: c.post(
+            reverse("ade:identity-property-set", args=[w.extra["identity"].id]),
+            {"key": "plan", "type": "string", "value": "pro"},
+            **HTMX,
+        ),
+        lambda w: bool(getattr(_identity(w), "properties", [])),
+        prepare=_with_identity,
+        allowed_status=(204,),
+    ),
+    Case(
+        "delete an identity",
+        Action.IDENTITY_WRITE,
+        lambda c, w: c.post(reverse("ade:identity-delete", args=[w.extra["identity"].id]), **HTMX),
+        lambda w: _identity(w) is None,
+        prepare=_with_identity,
+        allowed_status=(204,),
+    ),
     # --- the workspace's Folders panel (the agent's creator's folder: AGENT_CONFIGURE and ARCHIVE_WRITE) --
     Case(
         "attach a folder to the agent",
@@ -718,8 +775,6 @@ def test_every_matrix_action_the_ade_offers_is_driven() -> None:
         Action.MEMBER_MANAGE,
         # No ADE pages yet (issue 18): the API's tests drive them.
         Action.CONVERSATION_WRITE,
-        Action.IDENTITY_CREATE,
-        Action.IDENTITY_WRITE,
         Action.GROUP_CREATE,  # the ADE's group page only shows and sends: the API's tests drive them
         Action.GROUP_WRITE,
     }
