@@ -44,23 +44,11 @@ def _serve_receiver(counts: str = "") -> None:
     lock = threading.Lock()
 
     def count(body: bytes) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from tests.support.otlp import exported_spans
 
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
         with lock:
-            for resource_spans in request.resource_spans:
-                service = next(
-                    (
-                        a.value.string_value
-                        for a in resource_spans.resource.attributes
-                        if a.key == "service.name"
-                    ),
-                    "",
-                )
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        seen[f"{service} | {scope_spans.scope.name} | {span.name[:40]}"] += 1
+            for service, scope, span in exported_spans(body):
+                seen[f"{service} | {scope} | {span.name[:40]}"] += 1
             Path(counts).write_text(json.dumps(seen))
 
     class Handler(BaseHTTPRequestHandler):

@@ -19,7 +19,6 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.instrumentation.django import DjangoInstrumentor
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.trace import TracerProvider
@@ -29,6 +28,7 @@ from opentelemetry.util._once import Once
 
 from apps.agents import services
 from apps.observability.models import RunTrace
+from tests.support.otlp import exported_spans
 from tests.support.scripted_llm import text, tool_call, tool_calls
 from tests.support.workers import WorkerProcess, worker_env
 
@@ -47,35 +47,21 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                for resource_spans in request.resource_spans:
-                    service = next(
-                        (
-                            a.value.string_value
-                            for a in resource_spans.resource.attributes
-                            if a.key == "service.name"
-                        ),
-                        "",
+                for service, scope, span in exported_spans(body):
+                    receiver.spans.append(
+                        {
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_id": span.parent_span_id.hex(),
+                            "name": span.name,
+                            "service": service,
+                            "scope": scope,
+                            "attributes": {
+                                a.key: str(getattr(a.value, a.value.WhichOneof("value") or "string_value"))
+                                for a in span.attributes
+                            },
+                        }
                     )
-                    for scope_spans in resource_spans.scope_spans:
-                        for span in scope_spans.spans:
-                            receiver.spans.append(
-                                {
-                                    "trace_id": span.trace_id.hex(),
-                                    "span_id": span.span_id.hex(),
-                                    "parent_id": span.parent_span_id.hex(),
-                                    "name": span.name,
-                                    "service": service,
-                                    "scope": scope_spans.scope.name,
-                                    "attributes": {
-                                        a.key: str(
-                                            getattr(a.value, a.value.WhichOneof("value") or "string_value")
-                                        )
-                                        for a in span.attributes
-                                    },
-                                }
-                            )
                 payload = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
