@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio
 from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from apps.streams.events import START, StreamEvent, stream_key
 
@@ -43,6 +45,7 @@ BLOCK_MS = 5000
 READ_COUNT = 500
 """Entries per stream per read (the reader's and a catch-up's)."""
 WAKE_TTL_S = 3600
+RECONNECT_ATTEMPTS = 3
 _KEY_PREFIX = stream_key("")
 
 
@@ -126,6 +129,13 @@ class Subscription:
         return fresh
 
 
+def _reconnecting() -> Retry:
+    """A command that meets a closed connection is sent again on a fresh one (redis-py's pools keep
+    theirs, so after a Redis restart each pooled socket fails once): a few times, quickly. The hub's
+    commands are reads, wake-ups and slot refreshes, all safe to repeat."""
+    return Retry(ExponentialBackoff(cap=0.5, base=0.02), RECONNECT_ATTEMPTS)
+
+
 class StreamHub:
     """The event loop's reader and its subscribers (use get_hub())."""
 
@@ -141,6 +151,7 @@ class StreamHub:
             single_connection_client=True,
             client_name=f"stream-hub-reader-{self.id}",
             socket_timeout=BLOCK_MS / 1000 + 5,  # redis-py's default (5 s) would cut the BLOCK short
+            retry=_reconnecting(),
         )
         pool = redis.asyncio.BlockingConnectionPool.from_url(
             url,
@@ -148,6 +159,7 @@ class StreamHub:
             max_connections=settings.STREAM_HUB_CONNECTIONS,
             timeout=None,
             client_name=f"stream-hub-{self.id}",
+            retry=_reconnecting(),
         )
         self.commands = redis.asyncio.Redis(connection_pool=pool)
         self.subscribers: dict[str, set[Subscription]] = {}

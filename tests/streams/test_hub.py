@@ -153,3 +153,26 @@ async def test_a_run_that_ended_before_anyone_came_is_replayed_whole(hub):
 
     assert await collect(hub, run) == [1, 2]
     get_redis().delete(stream_key(run))
+
+
+async def test_a_new_stream_is_served_after_redis_dropped_every_connection(hub):
+    """A Redis restart closes every pooled connection: the next catch-up read and the next follower must
+    get through on fresh ones, not fail the stream on the first stale socket (the cluster's restart)."""
+    first = new_run()
+    await write(first, 1)
+    await end_stream_async(first)
+    assert await collect(hub, first) == [1]  # the hub's pool and reader hold connections now
+    for connection in hub_connections(hub):
+        get_redis().client_kill_filter(_id=connection["id"])
+
+    second = new_run()
+    await write(second, 2, 3)
+    await end_stream_async(second)
+    assert [event.data["n"] for event in await hub.read_after(second, "0-0", count=1)] == [2]
+    assert await collect(hub, second) == [2, 3]
+
+
+async def end_stream_async(run_id: str) -> None:
+    await sync_to_async(end_stream, thread_sensitive=False)(
+        run_id, status="completed", stop_reason="end_turn"
+    )
