@@ -1,6 +1,7 @@
 """CPU of one memory turn's API-side submit and worker-side execution, in-process (no sockets but the LLM's).
 
-`echo "python -m bench.cpu_turn [--profile]" | DATA_DIR=... python scripts/devenv.py shell`: starts the
+`echo ".venv/bin/python -m bench.cpu_turn [--profile]" | DATA_DIR=... python scripts/devenv.py shell`
+(`DATABASE_SERVER_SIDE_BINDING=true` measures with prepared statements, as workers run): starts the
 bench LLM server in this process, creates an agent, warms it up, then runs memory turns as the API and a
 worker do (`run_create`, then `execute_run_streamed`), and reports this thread's CPU per turn
 (time.thread_time: the LLM server's threads are not counted) for each side, and the SQL statements and
@@ -68,10 +69,6 @@ def main(argv: list[str]) -> int:
         "the two sides' medians, interleaved turn by turn so the machine's slow phases fall on both",
     )
     args = parser.parse_args(argv)
-    if os.environ.get("CPU_TURN_SERVER_SIDE_BINDING"):  # an experiment: psycopg's server-side binding
-        connection.settings_dict.setdefault("OPTIONS", {}).update(
-            server_side_binding=True, prepare_threshold=2
-        )
     server = BenchLLMServer().start()
     settings.OPENAI_BASE_URL = f"http://127.0.0.1:{server.port}/v1"
     settings.OPENAI_API_KEY = "sk-bench"

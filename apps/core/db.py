@@ -26,10 +26,10 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     """Django's own INSERT of these unsaved rows (defaults, auto_now, JSON adaptation, all concrete
     fields: the models' ids are made in Python), as SQL to embed in a larger statement.
 
-    As VALUES rows, not PostgreSQL's UNNEST of one array per column (Django's bulk form): with
-    client-side binding psycopg quotes an array's text elements in Python, a regex callback for every
-    quote and backslash, and a turn's rows hold JSON (messages, LLM call bodies, spans): ~10 ms of a
-    memory turn's CPU at a few hundred messages, against libpq's escaping of each value in C."""
+    Always as VALUES rows (Django's PostgreSQL compiler may choose an UNNEST of one array per column,
+    whose text elements psycopg quotes in Python with client-side binding). Rows whose values are all
+    plain skip the compiler's generality; a model with a database default (messages' sequence) takes
+    Django's own compiler."""
     fields = model._meta.concrete_fields
     if objs and not any(hasattr(field, "get_placeholder") for field in fields):
         # Django's compiler, without its generality (~40% of a turn's insert cost): the same pre_save

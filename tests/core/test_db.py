@@ -84,5 +84,30 @@ def _stored_content(org, count: int) -> tuple[str, list[object]]:
 def test_a_turns_rows_are_inserted_as_values_and_read_back_unchanged(org):
     statement, contents = _stored_content(org, 3)
     assert " VALUES (" in statement
-    assert "UNNEST" not in statement
     assert contents == [[{"type": "text", "text": 'quote " backslash \\ newline \n unicode é \u2603'}]] * 3
+
+
+def test_plain_rows_take_the_short_path_and_store_what_djangos_would(org):
+    """Steps have no database default: insert_sql writes them itself (pre_save and get_db_prep_save per
+    value), and the row read back is what Django's own insert stores."""
+    from apps.agents.models import Run, Step
+    from apps.core.db import insert_all
+
+    agent = AgentFactory(organization=org)
+    run = Run.all_objects.create(organization=org, agent=agent)
+    ours = Step(
+        organization=org, run=run, agent_id=run.agent_id, stop_reason='quote " \\ end', total_tokens=7
+    )
+    theirs = Step(
+        organization=org, run=run, agent_id=run.agent_id, stop_reason='quote " \\ end', total_tokens=7
+    )
+    statement, _ = insert_sql(Step, [ours])
+    insert_all((Step, [ours]))
+    Step.all_objects.bulk_create([theirs])
+
+    assert statement.startswith('INSERT INTO "agents_step" (')
+    stored = {s.id: s for s in Step.all_objects.filter(id__in=[ours.id, theirs.id])}
+    skip = {"id", "created_at", "updated_at"}
+    assert {k: v for k, v in field_values(stored[ours.id]).items() if k not in skip} == {
+        k: v for k, v in field_values(stored[theirs.id]).items() if k not in skip
+    }
