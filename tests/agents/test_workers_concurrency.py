@@ -126,3 +126,44 @@ def actor_org(actor):
     from apps.accounts.models import Organization
 
     return Organization.objects.get(id=actor.organization_id)
+
+
+@pytest.fixture
+def lonely(scripted_server, tmp_path):
+    """The only worker: the test cuts its database sessions."""
+    worker = WorkerProcess("lonely", worker_env(scripted_server.url), tmp_path, queues="lonely").wait_ready()
+    yield worker
+    worker.stop()
+
+
+def test_a_run_whose_claim_a_database_crash_lost_runs_again_once_the_database_is_back(
+    make_agent, actor, llm, lonely
+):
+    from django.db import connection
+
+    agent = make_agent()
+    llm.push(text("lost with the crash", latency=3), text("Here after the restart."))
+    run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="are you there?")])
+    execute_run_task.apply_async(args=[run.id, agent.id, None], queue="lonely")
+    deadline = time.monotonic() + 30
+    while Run.all_objects.get(id=run.id).status != Run.Status.RUNNING:
+        assert time.monotonic() < deadline, lonely.log.read_text()[-3000:]
+        time.sleep(0.05)
+
+    # What a PostgreSQL crash leaves when it loses the claim's commit (it does not wait for the disk):
+    # the run `created` again, and the worker's sessions gone while its LLM call is out.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE agents_run SET status = 'created', started_at = NULL, lease = '' WHERE id = %s", [run.id]
+        )
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    collected = run_collect(actor=actor, run_id=run.id, timeout_s=30)
+
+    assert collected.run.status == Run.Status.COMPLETED, lonely.log.read_text()[-3000:]
+    assert collected.messages[-1]["content"] == "Here after the restart."
+    agent.refresh_from_db()
+    asked = Message.all_objects.filter(run=run, role="user").values_list("id", flat=True)
+    assert [i for i in agent.message_ids if i in set(asked)] == list(asked)  # the input once in context
