@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -25,10 +26,13 @@ from apps.api.throttles import STREAM_CLOSE_CODE, StreamSlot, astream_slot, too_
 from apps.streams.events import START
 from apps.streams.hub import StreamHub, get_hub
 
+BAD_CURSOR = 4400
 UNAUTHORIZED = 4401
 NOT_FOUND = 4404
 PING_AFTER_S = 15.0
 """Seconds of silence before the relay pings the page."""
+CURSOR = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+"""A stream entry id, the only cursor a page is given (`<ms>-<seq>`)."""
 
 
 @database_sync_to_async
@@ -53,6 +57,11 @@ class RunStreamConsumer(AsyncWebsocketConsumer):
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         after = (query.get("after") or [START])[0]
+        if not CURSOR.fullmatch(after):
+            # Accepted first so that the page sees the code (a socket refused before it opens has none).
+            await self.accept()
+            await self.close(code=BAD_CURSOR, reason="after= must be a cursor this stream sent, such as 0-0.")
+            return
         self.hub = get_hub()
         self.slot = await astream_slot(self.hub.commands, str(user.pk))
         await self.accept()

@@ -89,3 +89,22 @@ async def test_an_anonymous_visitor_is_refused(org):
     connected, code = await communicator.connect()
 
     assert (connected, code) == (False, 4401)
+
+
+@pytest.mark.parametrize("after", ["bogus", "1-2-3", "-1", "1700000000000-0 ", "9" * 30 + "-0"])
+async def test_a_cursor_the_stream_never_sent_closes_the_socket_with_a_reason(user, org, after):
+    from urllib.parse import quote
+
+    run = await sync_to_async(make_run)(org)
+    headers = await sync_to_async(session_headers)(user)
+    communicator = WebsocketCommunicator(
+        application, f"/ws/runs/{run.id}/?after={quote(after)}", headers=headers
+    )
+
+    connected, _ = await communicator.connect()
+    closed = await communicator.receive_output(timeout=5)
+
+    assert connected
+    assert closed["type"] == "websocket.close"
+    assert closed["code"] == 4400
+    assert "cursor" in closed["reason"]

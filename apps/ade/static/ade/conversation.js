@@ -179,7 +179,7 @@
       onRefused: (code) => {
         if (!mine() || turn.dataset.finished || !turn.isConnected) return;
         sockets.delete(runId);
-        const why = { 4401: "Signed out: reload the page.", 4404: "This run is not visible to you.",
+        const why = { 4400: "This stream could not be resumed: reload the page.", 4401: "Signed out: reload the page.", 4404: "This run is not visible to you.",
           4429: "Too many open streams (MAX_STREAMS_PER_USER): close another tab, then reload." };
         turn.querySelector(".run-state")?.replaceChildren(why[code]);
         updateComposer();

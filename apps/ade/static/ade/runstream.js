@@ -10,7 +10,7 @@
 (() => {
   if (window.adeRunStream) return;
   const SILENCE_MS = 35000;
-  const REFUSED = new Set([4401, 4404, 4429]); // the relay's close codes: signed out, not visible, too many
+  const REFUSED = new Set([4400, 4401, 4404, 4429]); // the relay's close codes: bad cursor, signed out, not visible, too many
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
