@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +90,7 @@ class Ade:
     user: User
     actor: Actor
     page: Page
+    console: list[str] = field(default_factory=list)  # the page's console messages and sockets opened
 
     def url(self, path: str) -> str:
         return self.server.url + path
@@ -127,14 +128,46 @@ def new_page(browser: object, ade_server: AdeServer) -> Iterator[Callable[[], ob
         context.close()  # type: ignore[attr-defined]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failed ADE test's report carries what the page and the runs were at that moment (a race seen once
+    in CI is otherwise a screenshot nobody has)."""
+    report: pytest.TestReport = yield
+    ade = getattr(item, "funcargs", {}).get("ade")
+    if report.when == "call" and report.failed and isinstance(ade, Ade):
+        report.sections.append(("ADE state at the failure", _failure_state(ade)))
+    return report
+
+
+def _failure_state(ade: Ade) -> str:
+    from apps.agents.models import Run
+
+    lines = ["runs of the test's organisation, oldest first:"]
+    lines += [
+        f"  {run.id} {run.status} {run.stop_reason} created {run.created_at:%H:%M:%S.%f} "
+        f"started {run.started_at} ended {run.completed_at} {run.error or ''}"
+        for run in Run.all_objects.filter(organization=ade.org).order_by("created_at")
+    ]
+    lines += ["the page's console and sockets:", *(f"  {line}" for line in ade.console[-40:])]
+    try:
+        lines += ["#timeline:", ade.page.locator("#timeline").inner_html(timeout=2_000)[-8_000:]]
+    except Exception as exc:  # the page may be what failed
+        lines.append(f"#timeline unreadable: {type(exc).__name__}")
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def ade(ade_server: AdeServer, new_page: Callable[[], Page], llm) -> Ade:
     """An owner of a fresh organisation, signed in through the login form."""
     org = OrganizationFactory()
     user = MembershipFactory(organization=org, role=Role.OWNER, user=UserFactory(password=PASSWORD)).user
     page = new_page()
+    console: list[str] = []
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+    page.on("websocket", lambda socket: console.append(f"websocket {socket.url}"))
     sign_in(page, ade_server, user.username)
-    return Ade(ade_server, org, user, Actor(organization_id=org.id, user_id=user.id, role=Role.OWNER), page)
+    actor = Actor(organization_id=org.id, user_id=user.id, role=Role.OWNER)
+    return Ade(ade_server, org, user, actor, page, console)
 
 
 @pytest.fixture
