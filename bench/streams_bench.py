@@ -14,7 +14,8 @@ event written to its run exactly once.
 
 Per round: the web process's RSS before any client, with half and with all of them connected; its
 threads and the Redis connections then; latency p50/p95/p99 over every delivery; CPU seconds of the web
-process and of the client process while writing. `--web-root` runs daphne from another checkout (e.g.
+process and of the client process while writing; the web process's garbage-collector pauses of 1 ms or
+more while connecting and while writing (longest, sum, count by generation: the latency tail). `--web-root` runs daphne from another checkout (e.g.
 `git archive HEAD | tar -x -C /tmp/old`) to compare code paths.
 """
 
@@ -172,21 +173,46 @@ def free_port() -> int:
 
 # daphne under pyinstrument for --profile: SIGUSR1 starts sampling (the event loop's thread), SIGUSR2 stops
 # it and writes the report to the path given (one run per writing phase).
-PROFILED_DAPHNE = """
-import signal, sys
-from pyinstrument import Profiler
+DAPHNE = """
+import gc, os, signal, sys, time
 from daphne.cli import CommandLineInterface
-out, profiler = sys.argv.pop(1), Profiler(interval=0.0005, async_mode="disabled")
-def start(*_): profiler.start()
-def stop(*_):
-    profiler.stop()
-    profiler.last_session.save(out + ".pyisession")  # pyinstrument --load=... for other views
-    with open(out, "w") as f: f.write(profiler.output_text(unicode=False, color=False, show_all=False))
-signal.signal(signal.SIGUSR1, start)
-signal.signal(signal.SIGUSR2, stop)
+# Every collection of 1 ms or more, to BENCH_GC_LOG: the pauses every stream's events wait behind.
+log, began = open(os.environ["BENCH_GC_LOG"], "a", buffering=1), [0.0]
+def timed(phase, info):
+    if phase == "start":
+        began[0] = time.perf_counter()
+    elif (pause := time.perf_counter() - began[0]) >= 0.001:
+        log.write(f"{time.time():.3f} {info['generation']} {pause * 1000:.2f}\\n")
+gc.callbacks.append(timed)
+out = sys.argv.pop(1)
+if out:
+    from pyinstrument import Profiler
+    profiler = Profiler(interval=0.0005, async_mode="disabled")
+    def start(*_): profiler.start()
+    def stop(*_):
+        profiler.stop()
+        profiler.last_session.save(out + ".pyisession")  # pyinstrument --load=... for other views
+        with open(out, "w") as f: f.write(profiler.output_text(unicode=False, color=False, show_all=False))
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
 sys.argv[0] = "daphne"
 CommandLineInterface.entrypoint()
 """
+
+
+def gc_pauses(log: Path, since: float, until: float) -> dict[str, Any]:
+    """The web process's collections of 1 ms or more between two times (DAPHNE's log): how many of each
+    generation, the longest and their sum."""
+    pauses = []
+    for line in log.read_text().splitlines() if log.exists() else ():
+        at, generation, ms = line.split()
+        if since <= float(at) <= until:
+            pauses.append((int(generation), float(ms)))
+    return {
+        "collections_by_generation": {g: sum(1 for p in pauses if p[0] == g) for g in (0, 1, 2)},
+        "longest_ms": max((ms for _, ms in pauses), default=0.0),
+        "total_ms": round(sum(ms for _, ms in pauses), 1),
+    }
 
 
 def start_web(web_root: Path, port: int, log: Path, profile: str = "") -> subprocess.Popen[bytes]:
@@ -200,11 +226,9 @@ def start_web(web_root: Path, port: int, log: Path, profile: str = "") -> subpro
         "LOG_LEVEL": "WARNING",
         "PYTHONPATH": str(web_root),
     }
-    command = (
-        [sys.executable, "-c", PROFILED_DAPHNE, profile]
-        if profile
-        else [str(Path(sys.executable).parent / "daphne")]
-    )
+    env["BENCH_GC_LOG"] = str(log.with_suffix(".gc"))
+    log.with_suffix(".gc").unlink(missing_ok=True)
+    command = [sys.executable, "-c", DAPHNE, profile]
     process = subprocess.Popen(
         [
             *command,
@@ -310,7 +334,7 @@ def one_round(args: argparse.Namespace, tenant: Any, agents: list[str], round_no
         web_cpu, client_cpu = sum(web_ps.cpu_times()[:2]), sum(client_ps.cpu_times()[:2])
         written: dict[str, list[str]] = {run: [] for run in runs}
         interval = 1.0 / (args.rate * len(runs))
-        began = time.monotonic()
+        began, began_at = time.monotonic(), time.time()
         n = 0
         while time.monotonic() - began < args.seconds:
             run = runs[n % len(runs)]
@@ -333,6 +357,11 @@ def one_round(args: argparse.Namespace, tenant: Any, agents: list[str], round_no
                 time.sleep(pause)
         time.sleep(1.0)
         elapsed = time.monotonic() - began
+        gc_log = (log_dir / f"streams-web-{round_no}.log").with_suffix(".gc")
+        result["web_gc_connecting"] = gc_pauses(gc_log, 0.0, began_at)
+        result["web_gc_writing"] = writing = gc_pauses(gc_log, began_at, time.time())
+        result["gc_longest_pause_writing_ms"] = writing["longest_ms"]
+        result["gc_paused_writing_ms"] = writing["total_ms"]
         parent.send(("collect", None))
         latencies = parent.recv()["latencies"]
         result["web_cpu_s_per_s"] = (sum(web_ps.cpu_times()[:2]) - web_cpu) / elapsed
@@ -446,6 +475,8 @@ def main(argv: list[str]) -> int:
                 "latency_p99_ms",
                 "latency_max_ms",
                 "web_cpu_s_per_s",
+                "gc_longest_pause_writing_ms",
+                "gc_paused_writing_ms",
                 "client_cpu_s_per_s",
                 "clients_with_every_event_once",
                 "done",

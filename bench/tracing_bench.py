@@ -19,6 +19,8 @@ the cost = mode - off (per round, then median). Also the cost of one span helper
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -487,9 +489,9 @@ def stack_figures(
             for mode, platform in platforms.items()
         }
 
-        def cpu_ns() -> dict[str, dict[tuple[int, int], int]]:
+        def cpu_ns() -> dict[str, dict[str, dict[tuple[int, int], int]]]:
             return {
-                mode: _threads_cpu_ns(platform.pids("web") + platform.pids("worker1"))
+                mode: {role: _threads_cpu_ns(platform.pids(role)) for role in ("web", "worker1")}
                 for mode, platform in platforms.items()
             }
 
@@ -516,7 +518,9 @@ def stack_figures(
             per_turn = {k: round((n - seen_before.get(k, 0)) / 10, 1) for k, n in seen.items()}
             spans = {k: n for k, n in sorted(per_turn.items(), key=lambda kv: -kv[1]) if n}
             cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+            by_role: dict[str, dict[str, list[float]]] = {mode: {"web": [], "worker1": []} for mode in modes}
             wall: dict[str, list[float]] = {mode: [] for mode in modes}
+            profilers = _start_profilers(platforms, kind)
             # Each platform's CPU over a whole round (its block and its idle while the others run: its
             # exporter's batches fall anywhere), per turn it served.
             for r in range(rounds):
@@ -526,9 +530,14 @@ def stack_figures(
                     wall[mode].append(block(mode, agents[mode], kind, 1000 + r * turns, turns))
                 round_end = cpu_ns()
                 for mode in modes:
-                    ns, ended = _cpu_ns_between(round_start[mode], round_end[mode])
-                    out["threads_ended_in_rounds"] = out.get("threads_ended_in_rounds", 0) + ended
-                    cpu[mode].append(ns / 1e6 / turns)
+                    total = 0
+                    for role, readings in by_role[mode].items():
+                        ns, ended = _cpu_ns_between(round_start[mode][role], round_end[mode][role])
+                        out["threads_ended_in_rounds"] = out.get("threads_ended_in_rounds", 0) + ended
+                        readings.append(ns / 1e6 / turns)
+                        total += ns
+                    cpu[mode].append(total / 1e6 / turns)
+            _stop_profilers(profilers)
             out[kind] = {
                 "otlp_spans_per_turn": spans,
                 "otlp_spans_per_turn_total": round(sum(spans.values()), 1),
@@ -542,6 +551,11 @@ def stack_figures(
                 "cpu_otlp_over_store_ms": across(
                     [a - b for a, b in zip(cpu["otlp"], cpu["store"], strict=True)]
                 ),
+                # Where the cost falls: the web process (the send) and the worker (the run).
+                "cpu_ms_per_turn_by_process": {
+                    mode: {"web" if role == "web" else "worker": across(v) for role, v in roles.items()}
+                    for mode, roles in by_role.items()
+                },
                 "wall_cost_over_off_ms": {
                     mode: across([a - b for a, b in zip(wall[mode], wall["off"], strict=True)])
                     for mode in modes
@@ -556,6 +570,47 @@ def stack_figures(
             platform.stop()
         receiver.close()
     return out
+
+
+def _start_profilers(platforms: dict[str, Any], kind: str) -> list[subprocess.Popen[bytes]]:
+    """With BENCH_TRACING_PROFILE=DIR: py-spy samples every platform's web process and worker over the
+    rounds (DIR/{kind}-{mode}-{process}.txt, collapsed stacks for a flame graph or a diff). It reads the
+    processes from outside without stopping them, but its own CPU is the machine's: figures of a
+    profiled run are not the bench's."""
+    folder = os.environ.get("BENCH_TRACING_PROFILE")
+    if not folder:
+        return []
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "--pid",
+                str(pid),
+                "--output",
+                f"{folder}/{kind}-{mode}-{role}.txt",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for mode, platform in platforms.items()
+        for role in ("web", "worker1")
+        for pid in platform.pids(role)[:1]
+    ]
+
+
+def _stop_profilers(profilers: list[subprocess.Popen[bytes]]) -> None:
+    for profiler in profilers:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+    for profiler in profilers:
+        profiler.wait(timeout=60)
 
 
 def table_rows(figures: dict[str, Any]) -> list[tuple[str, Any, Any, str, str]]:
