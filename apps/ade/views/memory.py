@@ -52,9 +52,11 @@ CONTEXT_SECTIONS = (
 
 def column_context(request: AdeRequest, agent: Agent) -> dict[str, Any]:
     """What ade/workspace/_memory.html needs when the workspace page first renders."""
-    # The page's agent comes with its blocks prefetched (agent_state_get), in the order _blocks gives.
+    # The page's agent comes with its blocks prefetched (agent_state_get), in the order _blocks gives; they
+    # are the agent's organisation's (the database refuses any other attachment: memory migration 0004's
+    # memory_agentblock_same_organization trigger).
     return {
-        "blocks": [b for b in agent.blocks.all() if b.organization_id == request.actor.organization_id],
+        "blocks": list(agent.blocks.all()),
         "context": _context_view(request.actor, agent.id, _conversation_id(request), agent=agent),
     }
 
