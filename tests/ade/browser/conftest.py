@@ -9,7 +9,7 @@ Screenshots land in test-artifacts/screenshots/ (ADE_ARTIFACTS_DIR overrides it)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,7 +129,9 @@ def new_page(browser: object, ade_server: AdeServer) -> Iterator[Callable[[], ob
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed ADE test's report carries what the page and the runs were at that moment (a race seen once
     in CI is otherwise a screenshot nobody has)."""
     report: pytest.TestReport = yield
