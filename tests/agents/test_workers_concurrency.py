@@ -9,6 +9,7 @@ from apps.agents.models import Message, Run
 from apps.agents.recovery import WORKER_LOST, fail_orphaned_runs
 from apps.agents.services import MessageIn, run_collect, run_create, run_submit
 from apps.agents.tasks import execute_run_task
+from tests.support import workers
 from tests.support.scripted_llm import text, tool_call, tool_calls
 from tests.support.workers import WorkerProcess, worker_env
 
@@ -128,10 +129,18 @@ def actor_org(actor):
     return Organization.objects.get(id=actor.organization_id)
 
 
+LONELY = "lonely-worker"
+"""The application_name of the `lonely` worker's database sessions, the ones the test cuts."""
+
+
 @pytest.fixture
 def lonely(scripted_server, tmp_path):
-    """The only worker: the test cuts its database sessions."""
-    worker = WorkerProcess("lonely", worker_env(scripted_server.url), tmp_path, queues="lonely").wait_ready()
+    """A worker on its own queue whose database sessions carry their own name, for the test to cut."""
+    url = workers.test_database_url()
+    url += f"{'&' if '?' in url else '?'}application_name={LONELY}"
+    worker = WorkerProcess(
+        "lonely", worker_env(scripted_server.url, DATABASE_URL=url), tmp_path, queues="lonely"
+    ).wait_ready()
     yield worker
     worker.stop()
 
@@ -157,9 +166,10 @@ def test_a_run_whose_claim_a_database_crash_lost_runs_again_once_the_database_is
             "UPDATE agents_run SET status = 'created', started_at = NULL, lease = '' WHERE id = %s", [run.id]
         )
         cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            [LONELY],
         )
+        assert cursor.fetchone()[0] >= 1  # the worker's sessions, and no one else's
     collected = run_collect(actor=actor, run_id=run.id, timeout_s=30)
 
     assert collected.run.status == Run.Status.COMPLETED, lonely.log.read_text()[-3000:]
