@@ -62,7 +62,7 @@ def execute_run_task(
         note_task(run_id)
         raise self.retry(
             countdown=defer_countdown(database_retries + 1),
-            kwargs={"database_retries": database_retries + 1},
+            kwargs={**(self.request.kwargs or {}), "database_retries": database_retries + 1},
         ) from exc
 
 
