@@ -15,8 +15,9 @@ event written to its run exactly once.
 Per round: the web process's RSS before any client, with half and with all of them connected; its
 threads and the Redis connections then; latency p50/p95/p99 over every delivery; CPU seconds of the web
 process and of the client process while writing; the web process's garbage-collector pauses of 1 ms or
-more while connecting and while writing (longest, sum, count by generation: the latency tail). `--web-root` runs daphne from another checkout (e.g.
-`git archive HEAD | tar -x -C /tmp/old`) to compare code paths.
+more while connecting and while writing (longest, sum, count by generation: the latency tail).
+`--web-root` runs daphne from another checkout (e.g. `git archive HEAD | tar -x -C /tmp/old`) to compare
+code paths.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# daphne under pyinstrument for --profile: SIGUSR1 starts sampling (the event loop's thread), SIGUSR2 stops
-# it and writes the report to the path given (one run per writing phase).
+# daphne with a garbage-collector probe (gc_log), and under pyinstrument for --profile: SIGUSR1 starts
+# sampling (the event loop's thread), SIGUSR2 stops it and writes the report to the path given (one run
+# per writing phase).
 DAPHNE = """
 import gc, os, signal, sys, time
 from daphne.cli import CommandLineInterface
@@ -198,6 +200,11 @@ if out:
 sys.argv[0] = "daphne"
 CommandLineInterface.entrypoint()
 """
+
+
+def gc_log(web_log: Path) -> Path:
+    """Where DAPHNE writes the collections of the web process that logs to web_log."""
+    return web_log.with_suffix(".gc")
 
 
 def gc_pauses(log: Path, since: float, until: float) -> dict[str, Any]:
@@ -226,8 +233,8 @@ def start_web(web_root: Path, port: int, log: Path, profile: str = "") -> subpro
         "LOG_LEVEL": "WARNING",
         "PYTHONPATH": str(web_root),
     }
-    env["BENCH_GC_LOG"] = str(log.with_suffix(".gc"))
-    log.with_suffix(".gc").unlink(missing_ok=True)
+    env["BENCH_GC_LOG"] = str(gc_log(log))
+    gc_log(log).unlink(missing_ok=True)
     command = [sys.executable, "-c", DAPHNE, profile]
     process = subprocess.Popen(
         [
@@ -286,7 +293,8 @@ def one_round(args: argparse.Namespace, tenant: Any, agents: list[str], round_no
     log_dir = ROOT / "bench" / "results" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     profile = f"{args.profile}.{round_no}" if args.profile else ""
-    web = start_web(Path(args.web_root), port, log_dir / f"streams-web-{round_no}.log", profile)
+    web_log = log_dir / f"streams-web-{round_no}.log"
+    web = start_web(Path(args.web_root), port, web_log, profile)
     web_ps = psutil.Process(web.pid)
     parent, child = multiprocessing.get_context("spawn").Pipe()
     client = multiprocessing.get_context("spawn").Process(
@@ -357,9 +365,8 @@ def one_round(args: argparse.Namespace, tenant: Any, agents: list[str], round_no
                 time.sleep(pause)
         time.sleep(1.0)
         elapsed = time.monotonic() - began
-        gc_log = (log_dir / f"streams-web-{round_no}.log").with_suffix(".gc")
-        result["web_gc_connecting"] = gc_pauses(gc_log, 0.0, began_at)
-        result["web_gc_writing"] = writing = gc_pauses(gc_log, began_at, time.time())
+        result["web_gc_connecting"] = gc_pauses(gc_log(web_log), 0.0, began_at)
+        result["web_gc_writing"] = writing = gc_pauses(gc_log(web_log), began_at, time.time())
         result["gc_longest_pause_writing_ms"] = writing["longest_ms"]
         result["gc_paused_writing_ms"] = writing["total_ms"]
         parent.send(("collect", None))

@@ -6,7 +6,8 @@ a reconnecting page gets what it missed and then the live tail, with no gap and 
 
 Each relay holds one of its user's stream slots (MAX_STREAMS_PER_USER, shared with the API's SSE streams
 and blocking sends): past the cap the socket is accepted and closed at once with code 4429 and a reason
-(a browser sees neither for a socket refused before it opens). The relay's subscription and its slot
+(a browser sees neither for a socket refused before it opens); a cursor the stream never sent is closed
+the same way with 4400. The relay's subscription and its slot
 are given back when the socket closes, whichever side closes it.
 """
 
