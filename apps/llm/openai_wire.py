@@ -33,6 +33,7 @@ from apps.llm._litellm import litellm, tenant_client
 from apps.llm.errors import InvalidLLMResponse, LLMApiError
 from apps.llm.handles import EmbeddingTarget, ModelTarget
 from apps.llm.selectors import is_deployment_endpoint
+from apps.observability.tracing import propagation_headers
 
 WIRE_PREFIX = "openai/"
 
@@ -248,6 +249,7 @@ def _headers(target: ModelTarget | EmbeddingTarget) -> dict[str, str]:
     return {
         "Authorization": f"Bearer {target.api_key or KEYLESS_API_KEY}",
         "Content-Type": "application/json",
+        **propagation_headers(),  # with OTLP on: the provider can join the run's trace
     }
 
 

@@ -4,8 +4,9 @@ Three modes, decided from settings when a process first asks for its tracer (`co
 - OTEL_EXPORTER_OTLP_ENDPOINT set: a global SDK tracer provider exporting over OTLP/HTTP in batches, and
   the official instrumentations (Django, Celery, psycopg, redis, httpx). Celery carries the trace context
   in the task's headers, so a run is one trace from the web request to the worker. Inside a run's
-  execution the instrumentations record only outbound HTTP (`quiet`: no span per SQL statement or Redis
-  command; the loop's spans carry their database time), and a client call in no trace starts none
+  execution the instrumentations record only outbound HTTP other than the LLM's (`quiet`: no span per SQL
+  statement or Redis command, the loop's spans carry their database time; the LLM request carries the
+  `llm.call` span's context itself, `propagation_headers`), and a client call in no trace starts none
   (`InTraceClients`): what made exporting cost a turn. The run's own spans (the loop's, not the
   instrumentations': those go to the collector only) are also kept in the platform's store (below).
 - else RUN_TRACES (default) or METRICS_TOKEN: a private SDK provider, never installed globally (so no
@@ -37,7 +38,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.utils import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
@@ -71,6 +72,9 @@ class RunSpans:
     db_statements: int = 0
     db_ns: int = 0
     db_by_span: dict[int, list[int]] = field(default_factory=dict)  # span id -> [statements, ns]
+    # Set by the run's executor when it stores the spans itself, in a statement it runs anyway
+    # (`store_statements`): then the end of run_trace does not.
+    handed_over: bool = False
 
 
 _current: contextvars.ContextVar[RunSpans | None] = contextvars.ContextVar("run_spans", default=None)
@@ -288,13 +292,14 @@ def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def run_trace(run: Any) -> Iterator[None]:
+def run_trace(run: Any) -> Iterator[RunSpans | None]:
     """Around one execution of a claimed run: its root span `agent.run`, a `run.queue_wait` span from the
     run's creation to its claim, the statements and database time of the execution; at the end its
-    spans are stored (one statement) and counted in the metrics (one Redis round trip)."""
+    spans are stored (one statement, unless the executor took them over: `RunSpans.handed_over`) and
+    counted in the metrics (one Redis round trip). Yields what it collects (None when nothing records)."""
     tracer = telemetry().tracer
     if tracer is None:
-        yield
+        yield None
         return
     collected = RunSpans(run_id=run.id, organization_id=run.organization_id)
     token = _current.set(collected)
@@ -309,7 +314,7 @@ def run_trace(run: Any) -> Iterator[None]:
             _queue_wait(tracer, run)
             try:
                 with connection.execute_wrapper(_db_timer(collected)), quiet():
-                    yield
+                    yield collected
             except BaseException as exc:
                 root.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 root.set_attribute("error.type", type(exc).__name__)
@@ -352,11 +357,28 @@ def quiet() -> Iterator[None]:
         otel_context.detach(token)
 
 
+def propagation_headers() -> dict[str, str]:
+    """The current span's W3C trace context (`traceparent`), when exporting, for a request the platform
+    sends itself (the LLM's and the embedding provider's, apps.llm.openai_wire): a provider such as vLLM
+    joins the trace under the `llm.call` span, and the request gets no HTTP span of its own (`_outbound`),
+    which would only repeat the loop's with a span's cost. {} otherwise."""
+    if _state is None or not _state.exporting:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def _carries_context(args: Any, kwargs: Any) -> bool:
+    request = args[0] if args else kwargs.get("request")
+    return request is not None and "traceparent" in request.headers
+
+
 def _outbound(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-    """Around httpx's transports, outside the instrumentation's wrapper: an HTTP call inside a run (the
-    LLM's, an MCP server's) keeps its span and its `traceparent` header (a provider such as vLLM joins
-    the trace)."""
-    if not otel_context.get_value(_SUPPRESS_KEY):
+    """Around httpx's transports, outside the instrumentation's wrapper: an HTTP call inside a run (an
+    MCP server's) keeps its span and its `traceparent` header (the server can join the trace). A request
+    that already carries the trace context (`propagation_headers`) stays quiet."""
+    if not otel_context.get_value(_SUPPRESS_KEY) or _carries_context(args, kwargs):
         return wrapped(*args, **kwargs)
     token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
     try:
@@ -366,7 +388,7 @@ def _outbound(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
 
 
 async def _outbound_async(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-    if not otel_context.get_value(_SUPPRESS_KEY):
+    if not otel_context.get_value(_SUPPRESS_KEY) or _carries_context(args, kwargs):
         return await wrapped(*args, **kwargs)
     token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
     try:
@@ -405,16 +427,10 @@ def _db_timer(collected: RunSpans) -> Callable[..., Any]:
 def _finish(collected: RunSpans, run: Any) -> None:
     """Never fails the run: a store or Redis that refuses is logged."""
     try:
-        if settings.RUN_TRACES and collected.spans:
+        if settings.RUN_TRACES and collected.spans and not collected.handed_over:
             from apps.observability.services import run_trace_store
 
-            run_trace_store(
-                run_id=collected.run_id,
-                organization_id=collected.organization_id,
-                trace_id=format(collected.trace_id, "032x"),
-                spans=[stored_row(s) for s in collected.spans],
-                dropped=collected.dropped,
-            )
+            run_trace_store(**_stored(collected))
     except Exception:
         logger.exception("observability.trace_store_failed", extra={"run_id": collected.run_id})
     try:
@@ -424,6 +440,27 @@ def _finish(collected: RunSpans, run: Any) -> None:
             metrics.count_run(run, collected.spans)
     except Exception:
         logger.exception("observability.metrics_failed", extra={"run_id": collected.run_id})
+
+
+def store_statements(collected: RunSpans | None) -> list[tuple[str, list[Any]]]:
+    """The statement that stores a handed-over run's spans (SQL, params), as a part of another statement
+    (apps.core.db.insert_all's `also`): a worker stores them with the run's step traces, one statement
+    and round trip fewer a run. [] when there is nothing to store."""
+    if collected is None or not collected.handed_over or not collected.spans or not settings.RUN_TRACES:
+        return []
+    from apps.observability.services import run_trace_upsert
+
+    return [run_trace_upsert(**_stored(collected))]
+
+
+def _stored(collected: RunSpans) -> dict[str, Any]:
+    return {
+        "run_id": collected.run_id,
+        "organization_id": collected.organization_id,
+        "trace_id": format(collected.trace_id, "032x"),
+        "spans": [stored_row(s) for s in collected.spans],
+        "dropped": collected.dropped,
+    }
 
 
 # --- the stored form: Letta's span objects (ClickHouse otel_traces columns) --------------------------

@@ -180,7 +180,14 @@ def test_a_run_is_one_trace_from_the_web_request_through_the_worker(
     ):
         assert name in worker_names
     scopes = {s["scope"] for s in worker}
-    assert "opentelemetry.instrumentation.httpx" in scopes  # the LLM's HTTP calls, in the run's trace
+    # The LLM's requests carry the run's trace under their llm.call span (a provider such as vLLM joins
+    # it), with no HTTP span of their own repeating llm.call's.
+    calls = {s["span_id"] for s in worker if s["name"] == "llm.call"}
+    sent = [r["headers"].get("traceparent", "") for r in llm.requests("/v1/chat/completions")]
+    assert len(sent) == len(calls) == 2
+    assert {value.split("-")[1] for value in sent} == {trace_id}
+    assert {value.split("-")[2] for value in sent} == calls
+    assert "opentelemetry.instrumentation.httpx" not in scopes
     # Inside the run no span per SQL statement or Redis command (most of what OTLP cost a turn): the
     # database time is on the loop's spans, each span's own statements, together the run's.
     assert not scopes & {"opentelemetry.instrumentation.psycopg", "opentelemetry.instrumentation.redis"}
