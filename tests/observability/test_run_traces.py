@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from letta_client import Letta, NotFoundError
 
@@ -240,3 +241,31 @@ def test_the_sdk_retrieves_the_trace_of_a_run_a_worker_executed(
     assert Run.all_objects.get(id=run_id).status == "completed"
     with pytest.raises(NotFoundError):
         sdk_for(other_org_actor).runs.trace.retrieve(run_id)
+
+
+def test_a_traced_run_stores_its_spans_with_its_step_traces_in_no_statement_of_its_own(
+    settings, make_agent, send, llm
+):
+    """The worker's statements for a turn are the same with the trace store on as off: the run's spans go
+    into the statement that stores its steps' provider traces."""
+    statements: dict[bool, int] = {}
+    settings.METRICS_TOKEN = ""
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = ""
+    try:
+        for on in (False, True):
+            settings.RUN_TRACES = on
+            tracing.reset_for_tests()
+            agent = make_agent(embedding="")
+            llm.push(text("hello"))
+            send(agent, "warm-up")  # the agent's first turn reads what later ones have cached
+            llm.push(MEMORY_EDIT, text("Hi Sam!"))
+            with CaptureQueriesContext(connections["default"]) as captured:
+                result = send(agent, "I'm Sam")
+            statements[on] = len(captured.captured_queries)
+            assert RunTrace.all_objects.filter(run_id=result.run.id).exists() is on
+    finally:
+        tracing.reset_for_tests()
+
+    assert statements[True] == statements[False]
+    [row] = RunTrace.all_objects.filter(run_id=result.run.id)
+    assert {"agent.run", "agent.persist", "memory.edit"} <= {s["SpanName"] for s in row.spans}

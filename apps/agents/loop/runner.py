@@ -133,6 +133,8 @@ class TurnResult:
     next_run_id: str | None = None
     # Every LLM call the run made (apps.llm.records), stored with the traces.
     llm_calls: list[llm_records.NotedCall] = field(default_factory=list)
+    # The run's spans (apps.observability.tracing), stored with the traces too.
+    spans: tracing.RunSpans | None = None
 
 
 class RunDeferred(Exception):
@@ -170,8 +172,9 @@ def after_run(result: TurnResult) -> None:
 def store_traces(result: TurnResult) -> None:
     """The exact request and response of each step, compressed, in one statement for the run
     (GET /v1/steps/{id}/trace has them once the run has answered). A worker that dies before this leaves
-    the steps without traces."""
-    # With them, in the same statement: each LLM call as sent and received (apps.llm.records).
+    the steps without traces (and the run without its spans)."""
+    # With them, in the same statement: each LLM call as sent and received (apps.llm.records), and the
+    # run's spans (GET /v1/runs/{id}/trace).
     records = llm_records.rows(
         result.llm_calls,
         organization_id=result.run.organization_id,
@@ -179,7 +182,7 @@ def store_traces(result: TurnResult) -> None:
         run_id=result.run.id,
         traces=result.traces,
     )
-    store.store_traces(result.traces, records=records)
+    store.store_traces(result.traces, records=records, also=tracing.store_statements(result.spans))
 
 
 def embed_for_recall(result: TurnResult) -> None:
@@ -219,11 +222,13 @@ def _execute_run(
         try:
             with (
                 fencing.holding(run_id, claim.run.lease),
-                tracing.run_trace(claim.run),
+                tracing.run_trace(claim.run) as spans,
                 llm_records.collecting() as llm_calls,
             ):
                 result = _drive(claim.run, sink or NullSink())
-            result.llm_calls = llm_calls
+                if spans is not None:  # stored by after_run's statement, not one of their own
+                    spans.handed_over = True
+            result.llm_calls, result.spans = llm_calls, spans
             return result
         except (store.LeaseLost, StreamFenced):
             # Failed by recovery or claimed by another executor meanwhile (this worker was cut off): what

@@ -428,13 +428,19 @@ def add_messages_in_context(
             )
 
 
-def store_traces(traces: Sequence[tuple[str, Any, Any]], *, records: Sequence[models.Model] = ()) -> None:
+def store_traces(
+    traces: Sequence[tuple[str, Any, Any]],
+    *,
+    records: Sequence[models.Model] = (),
+    also: Sequence[tuple[str, list[Any]]] = (),
+) -> None:
     """The exact request and response of each step (step id, request, response), compressed (Step.trace),
     in one statement for the run; `records` (unsaved rows of one model: the run's LLM call records,
-    apps.llm.records) are inserted by the same statement."""
+    apps.llm.records) are inserted by the same statement, and `also` (SQL, params: the run's spans,
+    apps.observability) run in it."""
     inserts = [(type(records[0]), records)] if records else []
     if not traces:
-        insert_all(*inserts)
+        insert_all(*inserts, also=also)
         return
     rows = [(step_id, pack_trace(request, response)) for step_id, request, response in traces]
     values = ", ".join(["(%s, %s::bytea)"] * len(rows))
@@ -443,7 +449,7 @@ def store_traces(traces: Sequence[tuple[str, Any, Any]], *, records: Sequence[mo
         f"FROM (VALUES {values}) AS packed (id, trace) WHERE step.id = packed.id",
         [value for row in rows for value in row],
     )
-    insert_all(*inserts, then=update)
+    insert_all(*inserts, also=also, then=update)
 
 
 # --- finishing --------------------------------------------------------------------------------------
