@@ -5,7 +5,9 @@
 bench LLM server in this process, creates an agent, warms it up, then runs memory turns as the API and a
 worker do (`run_create`, then `execute_run_streamed`), and reports this thread's CPU per turn
 (time.thread_time: the LLM server's threads are not counted) for each side, and the SQL statements and
-Valkey commands per turn. `--profile` writes a cProfile of the measured turns (bench/results/cpu-turn.prof,
+Valkey commands per turn, and the garbage collector's pauses in the measured turns (per generation:
+collections, ms per turn, longest). `--freeze`: first what a worker does once started
+(config/celery.py's freeze_start_up_objects). `--profile` writes a cProfile of the measured turns (bench/results/cpu-turn.prof,
 and the top functions by own and cumulative time to cpu-turn.txt).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -56,12 +59,34 @@ def postgres_cpu(postmaster: psutil.Process) -> float:
     return total
 
 
+class GcPauses:
+    """The collector's pauses, by generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.by_generation: dict[int, list[float]] = {}
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter_ns()
+        else:
+            pause = (time.perf_counter_ns() - self.started) / 1e6
+            self.by_generation.setdefault(info["generation"], []).append(pause)
+
+    def summary(self, turns: int) -> dict[str, str]:
+        return {
+            f"gen{g}": f"{len(p)} collections, {sum(p) / turns:.3f} ms/turn, longest {max(p):.1f} ms"
+            for g, p in sorted(self.by_generation.items())
+        }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--kind", default=MEMORY, choices=(MEMORY, SIMPLE))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--freeze", action="store_true", help="gc.freeze() after warm-up, as a worker does")
     parser.add_argument(
         "--toggle",
         default="",
@@ -80,6 +105,12 @@ def main(argv: list[str]) -> int:
                 actor=tenant.actor, agent_id=agent_id, messages=[MessageIn(turn_text(args.kind, i))]
             )
             runner.execute_run_streamed(run.id)
+        if args.freeze:
+            from config.celery import freeze_start_up_objects
+
+            freeze_start_up_objects()
+        pauses = GcPauses()
+        gc.callbacks.append(pauses.callback)
         submit, execute = [], []
         statements = {"run_create": 0, "execute": 0}
         commands0 = redis_commands()
@@ -117,6 +148,7 @@ def main(argv: list[str]) -> int:
                 got.setdefault("postgres", []).append((postgres_cpu(postgres) - pg_before) * 1000)
             statements["run_create"] += len(q1.captured_queries)
             statements["execute"] += len(q2.captured_queries)
+        gc.callbacks.remove(pauses.callback)
         commands1 = redis_commands()
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_prepared_statements")
@@ -130,6 +162,9 @@ def main(argv: list[str]) -> int:
             f"statements/turn run_create {statements['run_create'] / n:.1f} execute {statements['execute'] / n:.1f}; "
             f"postgres CPU {pg_ms:.2f} ms/turn; valkey/turn {dict(sorted(((k, v) for k, v in per.items() if v), key=lambda x: -x[1]))}; "
             f"load {os.getloadavg()[0]:.2f}; prepared statements on this connection {prepared}"
+        )
+        print(
+            f"  garbage collector ({'frozen start-up' if args.freeze else 'no freeze'}): {pauses.summary(n)}"
         )
         for side, got in sides.items():
             if got:

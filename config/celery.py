@@ -1,7 +1,14 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_shutting_down
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_ready,
+    worker_shutting_down,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -27,6 +34,20 @@ def _set_up_tracing(**_: object) -> None:
     from apps.observability.tracing import configure
 
     configure("letta-worker")
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def freeze_start_up_objects(**_: object) -> None:
+    """Once started (Django, litellm, the instrumentations: ~560,000 objects that live as long as the
+    worker; after tracing's set-up above), move what start-up made out of the garbage collector's walks
+    (gc.freeze; garbage collected first, so none is kept). Each full collection walked all of them, ~450
+    ms with every thread of the worker stopped, every few hundred turns; it now walks what runs made.
+    worker_ready: the threads pool's process; worker_process_init: each prefork child."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 @task_prerun.connect
