@@ -82,19 +82,19 @@ def test_a_step_costs_a_fixed_number_of_queries_however_many_blocks_tools_and_me
     small_count = queries_for_one_turn(send, llm, small)
     big_count = queries_for_one_turn(send, llm, big)
 
-    # The bound (README, "Agent loop"): 16 statements and 2 savepoints for a one-step turn.
+    # The bound (README, "Agent loop"): 15 statements and 2 savepoints for a one-step turn.
     # Input: agent lock (with its last message's role), run and messages (one statement). Start: one
     # statement that takes the advisory lock, checks for orphaned and earlier runs, claims and admits the
     # input. Loading (two round trips, apps.agents.loop.store.read_together): agent
     # (with its message count, kept by a trigger), provider, messages (only those this process has not
     # loaded before), blocks, tools, archival counts. The step: one statement (step, messages, append to
     # the in-context list; no cancel check: the claim just read the run). Finishing: run and agent (one
-    # statement), unlock, and the run's trace spans (one INSERT, RUN_TRACES: GET /v1/runs/{id}/trace and
-    # the ADE's waterfall; apps/observability). After the answer: the steps' provider traces (one UPDATE,
-    # which also inserts the run's LLM call records: apps/llm/records.py), the run's recall embeddings
+    # statement), unlock. After the answer: the steps' provider traces (one UPDATE, which also inserts the
+    # run's LLM call records, apps/llm/records.py, and its trace spans, RUN_TRACES: GET
+    # /v1/runs/{id}/trace and the ADE's waterfall, apps/observability), the run's recall embeddings
     # (provider, one UPDATE).
     assert big_count == small_count
-    assert small_count == 18
+    assert small_count == 17
 
 
 def test_a_memory_edit_step_costs_a_fixed_number_of_queries(make_agent, send, llm):
