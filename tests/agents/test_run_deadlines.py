@@ -201,9 +201,8 @@ def test_bounds_add_no_statement_to_a_turn_and_a_waiting_call_makes_none(make_ag
 
     assert result.stop_reason == "end_turn"
     statements = [q["sql"] for q in turn.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert (
-        len(statements) == 16
-    )  # as without bounds (README, "Cost"; tests/agents/test_loop_memory_pressure.py: with the run's spans)
+    # As without bounds (README, "Cost"; tests/agents/test_loop_memory_pressure.py).
+    assert len(statements) == 15
     assert during_calls == [0, 0]
     assert len(checks) >= 2  # at 0.5 s into the call, then every 0.5 s
     assert threading.get_ident() not in checks
