@@ -41,8 +41,8 @@ def _set_up_tracing(**_: object) -> None:
 def freeze_start_up_objects(**_: object) -> None:
     """Once started (Django, litellm, the instrumentations: ~560,000 objects that live as long as the
     worker; after tracing's set-up above), move what start-up made out of the garbage collector's walks
-    (gc.freeze; garbage collected first, so none is kept). Each full collection walked all of them, ~450
-    ms with every thread of the worker stopped, every few hundred turns; it now walks what runs made.
+    (gc.freeze; garbage collected first, so none is kept). Each full collection walked all of them, ~0.5
+    s with every thread of the worker stopped, every few hundred turns; it now walks what runs made.
     worker_ready: the threads pool's process; worker_process_init: each prefork child."""
     import gc
 
