@@ -435,3 +435,39 @@ def test_a_call_left_undecided_is_refused_and_nothing_is_sent(owner_client, paus
     assert not Message.all_objects.filter(
         agent=paused_twice, role="approval", approvals__isnull=False
     ).exists()
+
+
+def test_a_turn_whose_run_ends_while_it_is_rendered_shows_what_the_run_produced(
+    actor, make_agent, llm, monkeypatch
+):
+    """The send's rendering reads the run's messages, then its status: a worker that ends the run in
+    between must not leave an ended turn without its answer (the page would not follow the stream)."""
+    from apps.ade.views import conversation as views
+    from apps.agents.loop import runner
+    from apps.agents.services import MessageIn, run_create
+
+    agent = make_agent()
+    llm.push(text("Here is my answer."))
+    run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content="hi")])
+    real = views.run_message_list
+    reads = []
+
+    class ReadThenEnd:
+        """The messages as read while the run is still `created`; the run then ends at once."""
+
+        def __init__(self, *args, **kwargs):
+            self.qs = real(*args, **kwargs)
+
+        def order_by(self, *fields):
+            rows = list(self.qs.order_by(*fields))
+            reads.append(len(rows))
+            if len(reads) == 1:
+                runner.execute_run(run.id)
+            return rows
+
+    monkeypatch.setattr(views, "run_message_list", ReadThenEnd)
+
+    turn = views.turn_for_run(actor=actor, run=Run.all_objects.get(id=run.id), agent=agent)
+
+    assert not turn.live
+    assert "Here is my answer." in str(turn.events)

@@ -193,16 +193,25 @@ def build_turns(
 
 def turn_for_run(*, actor: Actor, run: Run, agent: Agent) -> Turn:
     """A run's whole turn (used for a new send, and to re-render a turn when its run ends)."""
+    turns = _turns_of_run(actor=actor, run=run, agent=agent)
+    if turns and not turns[0].live:
+        # The run's status is read after its messages: a run that ended in between would show as ended
+        # without what it produced, and the page would not follow its stream. Read once more: a run's
+        # messages are stored before its end.
+        turns = _turns_of_run(actor=actor, run=run, agent=agent)
+    if turns:
+        return turns[0]
+    fresh = run_list_with_usage(actor=actor, run_ids=[run.id]).get(run.id, run)
+    return Turn(run_id=run.id, run=fresh, live=fresh.status in ACTIVE_RUN_STATUSES)
+
+
+def _turns_of_run(*, actor: Actor, run: Run, agent: Agent) -> list[Turn]:
     messages = list(run_message_list(actor=actor, run_id=run.id, include_system=True).order_by("sequence_id"))
     conversation = run.conversation if run.conversation_id else None
     pending = pending_approval(agent=agent, conversation=conversation) or run_awaiting_approval(
         actor=actor, run=run, messages=messages
     )
-    turns = build_turns(actor=actor, messages=messages, pending_id=pending.id if pending else None)
-    if turns:
-        return turns[0]
-    fresh = run_list_with_usage(actor=actor, run_ids=[run.id]).get(run.id, run)
-    return Turn(run_id=run.id, run=fresh, live=fresh.status in ACTIVE_RUN_STATUSES)
+    return build_turns(actor=actor, messages=messages, pending_id=pending.id if pending else None)
 
 
 # --- the column ------------------------------------------------------------------------------------------
