@@ -194,10 +194,10 @@ def build_turns(
 def turn_for_run(*, actor: Actor, run: Run, agent: Agent) -> Turn:
     """A run's whole turn (used for a new send, and to re-render a turn when its run ends)."""
     turns = _turns_of_run(actor=actor, run=run, agent=agent)
-    if turns and not turns[0].live:
-        # The run's status is read after its messages: a run that ended in between would show as ended
-        # without what it produced, and the page would not follow its stream. Read once more: a run's
-        # messages are stored before its end.
+    if turns and not turns[0].live and run.status in ACTIVE_RUN_STATUSES:
+        # `run` (the caller's, read before the messages) was active, and build_turns reads the status
+        # after them: a run that ended in between would show as ended without what it produced, and the
+        # page would not follow its stream. Read once more: a run's messages are stored before its end.
         turns = _turns_of_run(actor=actor, run=run, agent=agent)
     if turns:
         return turns[0]
