@@ -30,12 +30,15 @@ def _agent(ade: Ade) -> Agent:
 
 def _send(page: Any, text: str) -> str:
     """Send through the conversation column's composer, as a person would; returns the run id. The
-    conversation column follows the run and tells the memory column about its events."""
+    conversation column follows the run and tells the memory column about its events. The new turn may
+    already have ended when the page renders it (a quick scripted reply), so it is found by count, not by
+    being live."""
+    turns = page.locator(".turn[data-run-id]")
+    before = turns.count()
     page.get_by_test_id("composer-text").fill(text)
     page.get_by_test_id("send").click()
-    turn = page.locator(".turn[data-run-id][data-live]").last
-    expect(turn).to_be_attached()
-    return turn.get_attribute("data-run-id")
+    expect(turns).to_have_count(before + 1)
+    return turns.last.get_attribute("data-run-id")
 
 
 def _tokens(page: Any, section: str) -> int:
