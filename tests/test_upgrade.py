@@ -117,7 +117,7 @@ def test_an_upgrade_keeps_the_previous_releases_agents_and_they_work(
 
     client = api_client_for(old["actor"])
     agent_id = old["agent_id"]
-    state = client.get(f"/v1/agents/{agent_id}").json()
+    state = client.get(f"/v1/agents/{agent_id}", {"include": "agent.blocks"}).json()
     listed = client.get(f"/v1/agents/{agent_id}/messages").json()
     block = client.get(f"/v1/blocks/{old['blocks']['human']}").json()
     found = client.get(

@@ -86,17 +86,38 @@ def agent_list(
 SECRET_LIST_FIELDS = ("id", "agent_id", "key", "description", "created_at", "updated_at")
 
 
-def agent_state_queryset(*, actor: Actor, tools: bool = True) -> QuerySet[Agent]:
-    """`agent_queryset` plus the secrets' keys (never their values), for AgentState responses. Without
-    `tools`, the tools are left for `attach_shared_tools` (lists)."""
-    base = (
-        agent_queryset(actor=actor)
-        if tools
-        else Agent.objects.for_actor(actor).prefetch_related(_blocks_prefetch())
-    )
-    return base.prefetch_related(
-        Prefetch("secrets", queryset=AgentSecret.all_objects.only(*SECRET_LIST_FIELDS).order_by("key"))
-    )
+AGENT_RELATIONSHIPS = frozenset(
+    {"blocks", "identities", "managed_group", "pending_approval", "secrets", "sources", "tags", "tools"}
+)
+"""What an AgentState carries beyond the agent's own columns: Letta's `include` values, without `agent.`."""
+
+
+def agent_state_queryset(
+    *, actor: Actor, tools: bool = True, include: frozenset[str] = AGENT_RELATIONSHIPS
+) -> QuerySet[Agent]:
+    """Agents with the relationships in `include` prefetched (an AgentState leaves the others empty), the
+    secrets' keys only (never their values). Without `tools`, the tools are left for `attach_shared_tools`
+    (lists)."""
+    qs = Agent.objects.for_actor(actor)
+    if "blocks" in include:
+        qs = qs.prefetch_related(_blocks_prefetch())
+    if tools and "tools" in include:
+        qs = qs.prefetch_related(Prefetch("tools", queryset=Tool.all_objects.order_by("name")))
+    if "secrets" in include:
+        qs = qs.prefetch_related(
+            Prefetch("secrets", queryset=AgentSecret.all_objects.only(*SECRET_LIST_FIELDS).order_by("key"))
+        )
+    return qs
+
+
+def pending_approvals_by_agent(agents: Sequence[Agent]) -> dict[str, Message]:
+    """Each agent's approval request awaiting a decision in its default conversation (its last in-context
+    message, when it is one: apps.agents.services.pending_approval), in one query for all of them."""
+    last = {agent.message_ids[-1]: agent.id for agent in agents if agent.message_ids}
+    if not last:
+        return {}
+    found = Message.all_objects.filter(id__in=list(last), role=Message.Role.APPROVAL)
+    return {last[message.id]: message for message in found if message.tool_calls}
 
 
 def attach_shared_tools(agents: Sequence[Agent]) -> None:
@@ -123,9 +144,9 @@ def attach_shared_tools(agents: Sequence[Agent]) -> None:
         agent.__dict__.setdefault("_prefetched_objects_cache", {})["tools"] = cached
 
 
-def agent_state_get(*, actor: Actor, agent_id: str) -> Agent:
+def agent_state_get(*, actor: Actor, agent_id: str, include: frozenset[str] = AGENT_RELATIONSHIPS) -> Agent:
     """Raises AgentNotFound, also for another organisation's agent."""
-    agent = agent_state_queryset(actor=actor).filter(id=agent_id).first()
+    agent = agent_state_queryset(actor=actor, include=include).filter(id=agent_id).first()
     if agent is None:
         raise AgentNotFound(f"Agent with id '{agent_id}' not found")
     return agent
@@ -141,11 +162,12 @@ def agent_state_list(
     created_by_id: str | None = None,
     last_stop_reason: str | None = None,
     show_hidden: bool = True,
+    include: frozenset[str] = AGENT_RELATIONSHIPS,
 ) -> QuerySet[Agent]:
-    """Agents for AgentState lists; `query_text` matches names case-insensitively; hidden agents (created
+    """Agents for AgentState lists (with the relationships in `include`); `query_text` matches names case-insensitively; hidden agents (created
     with `hidden`) only with `show_hidden` (the API's show_hidden_agents, false by default as on Letta).
     Without their tools: `attach_shared_tools` gives a page theirs."""
-    qs = agent_state_queryset(actor=actor, tools=False)
+    qs = agent_state_queryset(actor=actor, tools=False, include=include)
     if not show_hidden:
         qs = qs.filter(hidden=False)
     if name:

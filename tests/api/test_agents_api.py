@@ -16,6 +16,7 @@ from tests.factories import AgentFactory, BlockFactory, MessageFactory, ToolFact
 
 BASE_TOOLS = ["conversation_search", "memory_insert", "memory_replace"]
 SDK_HEADERS = {"HTTP_X_STAINLESS_PACKAGE_VERSION": "1.12.1"}
+LEGACY_HEADERS = {"HTTP_USER_AGENT": "python-requests/2.32.3"}  # a pre-1.0 client, to Letta
 
 
 def create_body(**overrides):
@@ -301,7 +302,7 @@ def test_an_agent_without_a_name_gets_one(actor, api_client_for):
 def test_retrieve_returns_the_agent(actor, api_client_for):
     agent = make_agent(actor, tags=["t"])
 
-    response = api_client_for(actor).get(f"/v1/agents/{agent.id}")
+    response = api_client_for(actor).get(f"/v1/agents/{agent.id}", {"include": "agent.tags"})
 
     assert response.status_code == 200
     assert (response.json()["id"], response.json()["tags"]) == (agent.id, ["t"])
@@ -697,14 +698,14 @@ def test_agent_tools_list_defaults_to_ten_and_paginates(actor, api_client_for):
     assert seen == [t.id for t in tools]
 
 
-def test_attach_and_detach_a_tool_return_the_agent_state(actor, api_client_for):
+def test_attach_and_detach_a_tool_return_the_agent_state_to_a_pre_1_0_client(actor, api_client_for):
     tool = ToolFactory(organization_id=actor.organization_id)
     agent = make_agent(actor, include_base_tools=False)
     client = api_client_for(actor)
 
-    attached = client.patch(f"/v1/agents/{agent.id}/tools/attach/{tool.id}")
-    again = client.patch(f"/v1/agents/{agent.id}/tools/attach/{tool.id}")
-    detached = client.patch(f"/v1/agents/{agent.id}/tools/detach/{tool.id}")
+    attached = client.patch(f"/v1/agents/{agent.id}/tools/attach/{tool.id}", **LEGACY_HEADERS)
+    again = client.patch(f"/v1/agents/{agent.id}/tools/attach/{tool.id}", **LEGACY_HEADERS)
+    detached = client.patch(f"/v1/agents/{agent.id}/tools/detach/{tool.id}", **LEGACY_HEADERS)
 
     assert [t["id"] for t in attached.json()["tools"]] == [tool.id]
     assert [t["id"] for t in again.json()["tools"]] == [tool.id]
@@ -896,5 +897,6 @@ def test_a_sleeptime_agents_primary_shows_its_sleeptime_group(actor, api_client_
     assert group["manager_type"] == "sleeptime"
     assert (group["manager_agent_id"], group["agent_ids"]) == (agent["id"], [sleeptime_id])
     assert agent["multi_agent_group"] == group
-    assert client.get(f"/v1/agents/{agent['id']}").json()["managed_group"]["id"] == group["id"]
+    shown = client.get(f"/v1/agents/{agent['id']}", {"include": "agent.managed_group"}).json()
+    assert shown["managed_group"]["id"] == group["id"]
     assert (plain["managed_group"], plain["multi_agent_group"]) == (None, None)

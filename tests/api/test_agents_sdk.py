@@ -60,7 +60,8 @@ def test_agent_lifecycle_through_the_sdk(live_server, actor, refused_openai):
         tags=["support", "tier-1"],
         context_window_limit=16000,
     )
-    fetched = client.agents.retrieve(agent.id)
+    fetched = client.agents.retrieve(agent.id, include=["agent.tags", "agent.blocks"])
+    bare = client.agents.retrieve(agent.id)
     listed = list(client.agents.list(tags=["support"]))
     updated = client.agents.update(agent.id, description="Answers tickets", tags=["support"])
 
@@ -73,6 +74,8 @@ def test_agent_lifecycle_through_the_sdk(live_server, actor, refused_openai):
     assert sorted(t.name for t in agent.tools) == ["conversation_search", "memory_insert", "memory_replace"]
     assert fetched.id == agent.id
     assert fetched.tags == ["support", "tier-1"]
+    assert sorted(b.label for b in fetched.memory.blocks) == ["human", "persona"]
+    assert (bare.tags, bare.blocks, bare.tools, bare.memory.blocks) == ([], [], [], [])  # not asked for
     assert [a.id for a in listed] == [agent.id]
     assert (updated.description, updated.tags) == ("Answers tickets", ["support"])
 

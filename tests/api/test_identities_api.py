@@ -310,7 +310,7 @@ def test_an_identitys_agents_and_blocks(actor, client):
     block, other_block = new_block(actor, "a"), new_block(actor, "b")
     identity = create(client, agent_ids=[agent.id], block_ids=[block.id])
 
-    agents = client.get(f"/v1/identities/{identity['id']}/agents")
+    agents = client.get(f"/v1/identities/{identity['id']}/agents", {"include": "agent.identities"})
     blocks = client.get(f"/v1/identities/{identity['id']}/blocks")
     missing = client.get("/v1/identities/identity-missing/agents")
 
@@ -334,10 +334,12 @@ def test_attach_and_detach_to_an_agent_show_in_its_identity_ids(actor, client):
         for identity in (first, second)
     ]
     twice = client.patch(f"/v1/agents/{agent.id}/identities/attach/{first['id']}")
-    after_attach = client.get(f"/v1/agents/{agent.id}").json()["identity_ids"]
+    after_attach = client.get(f"/v1/agents/{agent.id}", {"include": "agent.identities"}).json()[
+        "identity_ids"
+    ]
     detached = client.patch(f"/v1/agents/{agent.id}/identities/detach/{first['id']}")
     not_attached = client.patch(f"/v1/agents/{agent.id}/identities/detach/{first['id']}")
-    listed = client.get("/v1/agents/").json()
+    listed = client.get("/v1/agents/", {"include": "agent.identities"}).json()
 
     assert [r.status_code for r in [*attached, twice, detached, not_attached]] == [200] * 5
     assert attached[0].content == b"null"

@@ -50,14 +50,16 @@ def test_attach_and_detach_an_identity_through_the_sdk(live_server, actor):
 
     attached = client.agents.identities.attach(first.id, agent_id=agent.id)
     client.agents.identities.attach(second.id, agent_id=agent.id)
-    with_both = client.agents.retrieve(agent.id)
+    with_both = client.agents.retrieve(agent.id, include=["agent.identities"])
     detached = client.agents.identities.detach(first.id, agent_id=agent.id)
-    with_one = client.agents.retrieve(agent.id)
+    with_one = client.agents.retrieve(agent.id, include=["agent.identities"])
 
     assert (attached, detached) == (None, None)
     assert with_both.identity_ids == [first.id, second.id]
     assert with_one.identity_ids == [second.id]
-    assert [a.identity_ids for a in client.agents.list()] == [[second.id]]
+    assert [a.identity_ids for a in client.agents.list(include=["agent.identities"])] == [[second.id]]
+    assert [a.identities[0].id for a in client.agents.list(include=["agent.identities"])] == [second.id]
+    assert client.agents.retrieve(agent.id).identity_ids == []  # not asked for: none, as on Letta
 
 
 def test_attach_errors_through_the_sdk(live_server, actor, other_org_actor, make_user, org):

@@ -401,6 +401,23 @@ def test_a_call_needing_approval_stops_and_blocks_new_messages_with_409(client, 
 
 
 @worker
+def test_the_agent_shows_its_pending_approval_when_asked(client, actor, llm, celery_worker):
+    agent = new_agent(actor, tool_rules=NEEDS_APPROVAL)
+    llm.push(tool_calls(insert_call()))
+    request_id = send(client, agent.id, user("remember I like tea")).json()["messages"][0]["id"]
+
+    asked = client.get(f"/v1/agents/{agent.id}", {"include": "agent.pending_approval"}).json()
+    [listed] = client.get("/v1/agents/", {"include": "agent.pending_approval"}).json()
+    plain = client.get(f"/v1/agents/{agent.id}").json()
+
+    pending = asked["pending_approval"]
+    assert (pending["id"], pending["message_type"]) == (request_id, "approval_request_message")
+    assert pending["tool_call"]["name"] == "memory_insert"
+    assert listed["pending_approval"] == pending
+    assert plain["pending_approval"] is None
+
+
+@worker
 def test_approving_runs_the_tool_and_the_loop_goes_on(client, actor, llm, celery_worker):
     agent = new_agent(actor, tool_rules=NEEDS_APPROVAL)
     llm.push(tool_calls(insert_call()), text("Saved."))

@@ -172,11 +172,12 @@ def test_a_filtered_vector_scan_reads_enough_candidates_in_its_first_pass(db):
 def test_an_agent_list_page_costs_the_same_statements_whatever_its_size(actor, api_client_for, make_agent):
     agents = [make_agent(name=f"helper-{i}") for i in range(4)]
     client = api_client_for(actor)
+    everything = {"HTTP_USER_AGENT": "python-requests/2.32.3"}  # a pre-1.0 client: every relationship
     client.get("/v1/agents/", {"limit": 1})
     counts = {}
     for limit in (1, 4):
         with CaptureQueriesContext(connection) as captured:
-            page = client.get("/v1/agents/", {"limit": limit}).json()
+            page = client.get("/v1/agents/", {"limit": limit}, **everything).json()
         assert len(page) == limit
         counts[limit] = len(captured.captured_queries)
     assert counts[1] == counts[4], counts
@@ -185,7 +186,7 @@ def test_an_agent_list_page_costs_the_same_statements_whatever_its_size(actor, a
     tool_rows = [q for q in captured.captured_queries if 'FROM "tools_tool"' in q["sql"]]
     assert len(tool_rows) == 1, [q["sql"][:200] for q in tool_rows]
     for listed in page:
-        alone = client.get(f"/v1/agents/{listed['id']}").json()
+        alone = client.get(f"/v1/agents/{listed['id']}", **everything).json()
         assert listed["tools"] == alone["tools"]
         names = [t["name"] for t in listed["tools"]]
         assert names

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -16,15 +16,16 @@ from rest_framework import serializers
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
-from apps.agents.wire import with_thread_system_message
+from apps.agents.wire import to_letta_messages, with_thread_system_message
 from apps.api.serializers.common import BlockOut
 from apps.api.serializers.folders import FolderOut
+from apps.api.serializers.identities import IdentityOut
 from apps.api.serializers.messages import _message_create
 from apps.api.serializers.strict import CLOUD_ONLY, REASONING_IN_SETTINGS, refuse_unsupported
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
 from apps.folders.selectors import files_of_agents
-from apps.identities.selectors import identity_ids_by_agent
+from apps.identities.selectors import identity_ids_by_agent, identity_queryset
 from apps.llm.selectors import DEFAULT_CONTEXT_WINDOW, endpoint_for_tenants
 from apps.tools.services import MULTI_AGENT_TOOLS
 
@@ -208,8 +209,53 @@ class Nested:
         return self._rendered[cache_key]
 
 
+INCLUDE_CHOICES = sorted(f"agent.{name}" for name in agent_selectors.AGENT_RELATIONSHIPS)
+LEGACY_RELATIONSHIPS = {
+    "tags": {"tags"},
+    "memory": {"blocks", "tags"},
+    "tools": {"tools"},
+    "sources": {"sources"},
+    "identity_ids": {"identities"},
+    "multi_agent_group": {"managed_group"},
+    "tool_exec_environment_variables": {"secrets"},
+    "secrets": {"secrets"},
+}
+"""The deprecated `include_relationships` names Letta acts on, and what each loads; it ignores others."""
+LEGACY_DEFAULT = frozenset(name for names in LEGACY_RELATIONSHIPS.values() for name in names)
+"""What a pre-1.0 client gets from a list or retrieve that names nothing (all but the pending approval)."""
+
+
+class AgentIncludeIn(serializers.Serializer):
+    """`include` (repeated: `?include=agent.blocks&include=agent.tools`) and the deprecated
+    `include_relationships` of the AgentState lists and GET /v1/agents/{id}."""
+
+    include = serializers.ListField(child=serializers.ChoiceField(choices=INCLUDE_CHOICES), required=False)
+    include_relationships = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+def requested_relationships(query: Any, *, legacy_client: bool) -> frozenset[str]:
+    """The relationships an AgentState response carries (agent_selectors.AGENT_RELATIONSHIPS), as Letta
+    decides them: what `include` names (`agent.blocks` also loads the tags), plus what
+    `include_relationships` names; a `legacy_client` (a pre-1.0 SDK, api.views.agents.is_sdk_v1) that
+    names no `include_relationships` gets LEGACY_DEFAULT. An unknown `include` value is a 422 naming it."""
+    data = AgentIncludeIn(data=query)
+    data.is_valid(raise_exception=True)
+    included = {value.removeprefix("agent.") for value in data.validated_data.get("include", [])}
+    if "blocks" in included:
+        included.add("tags")
+    legacy = data.validated_data.get("include_relationships")
+    if legacy:
+        for name in legacy:
+            included |= LEGACY_RELATIONSHIPS.get(name, set())
+    elif legacy_client:
+        included |= LEGACY_DEFAULT
+    return frozenset(included)
+
+
 class AgentStateOut(serializers.Serializer):
-    """Letta's AgentState. Relationships are always included (a superset of what `include[]` asks for)."""
+    """Letta's AgentState. The relationships (blocks, tools, folders, tags, identities, group, secrets, the
+    pending approval) are those in the context's `include` (agent_selectors.AGENT_RELATIONSHIPS by default:
+    all); a relationship left out is empty (null for the group and the approval), as on Letta."""
 
     id = serializers.CharField()
     name = serializers.CharField()
@@ -227,7 +273,7 @@ class AgentStateOut(serializers.Serializer):
     blocks = serializers.SerializerMethodField()
     tools = serializers.SerializerMethodField()
     sources = serializers.SerializerMethodField()
-    tags = serializers.ListField(child=serializers.CharField())
+    tags = serializers.SerializerMethodField()
     tool_rules = serializers.JSONField()
     message_ids = serializers.SerializerMethodField()
     metadata = serializers.JSONField()
@@ -258,6 +304,13 @@ class AgentStateOut(serializers.Serializer):
 
     def _chat(self, agent: Agent) -> agent_selectors.ChatModelInfo | None:
         return self.context["chat_models"].get(agent.model)
+
+    def _has(self, relationship: str) -> bool:
+        return relationship in self.context.get("include", agent_selectors.AGENT_RELATIONSHIPS)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_tags(self, agent: Agent) -> list[str]:
+        return list(agent.tags) if self._has("tags") else []
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_message_ids(self, agent: Agent) -> list[str]:
@@ -297,6 +350,8 @@ class AgentStateOut(serializers.Serializer):
 
     def _blocks(self, agent: Agent) -> list[Any]:
         """The agent's blocks, rendered once for both `memory.blocks` and `blocks`."""
+        if not self._has("blocks"):
+            return []
         return self._nested().of(agent, "blocks", BlockOut, lambda: agent.blocks.all())
 
     @extend_schema_field(BlockOut(many=True))
@@ -305,10 +360,14 @@ class AgentStateOut(serializers.Serializer):
 
     @extend_schema_field(ToolResponse(many=True))
     def get_tools(self, agent: Agent) -> list[Any]:
+        if not self._has("tools"):
+            return []
         # Most agents hold the same base tools: each is rendered once per response.
         return self._nested().each(ToolResponse, agent.tools.all(), key=lambda tool: tool.id)
 
     def _secrets(self, agent: Agent) -> list[Any]:
+        if not self._has("secrets"):
+            return []
         return self._nested().of(agent, "secrets", SecretOut, lambda: agent.secrets.all())
 
     @extend_schema_field(SecretOut(many=True))
@@ -323,7 +382,11 @@ class AgentStateOut(serializers.Serializer):
     def get_memory(self, agent: Agent) -> dict[str, Any]:
         return {
             "blocks": self._blocks(agent),
-            "file_blocks": self._nested().each(FileBlockOut, self._files(agent).file_blocks),
+            "file_blocks": (
+                self._nested().each(FileBlockOut, self._files(agent).file_blocks)
+                if self._has("blocks")
+                else []
+            ),
             "prompt_template": "",
             "agent_type": agent.agent_type,
         }
@@ -331,43 +394,73 @@ class AgentStateOut(serializers.Serializer):
     # --- folders (apps.folders): looked up once for every agent being rendered, then kept in the context.
 
     def _files(self, agent: Agent) -> Any:
-        known: dict[str, Any] = self.context.setdefault("folders", {})
+        known: dict[str, Any] = self._looked_up("folders")
         if agent.id not in known:
-            batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
-            agents = [*(list(batch) if batch is not None else []), agent]
-            known.update(files_of_agents(agents))
+            known.update(files_of_agents(self._batch(agent)))
         return known[agent.id]
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_sources(self, agent: Agent) -> list[Any]:
+        if not self._has("sources"):
+            return []
         return self._nested().each(FolderOut, self._files(agent).folders, key=lambda folder: folder.id)
+
+    def _looked_up(self, name: str) -> dict[str, Any]:
+        """What this response looked up under `name` (by agent or row id), kept in its context."""
+        context = cast("dict[str, Any]", self.context)  # a dict: agent_states gives it
+        return context.setdefault(name, {})
+
+    def _batch(self, agent: Agent) -> list[Agent]:
+        """The agents being rendered with this one (the list's), for lookups made once for all of them."""
+        batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
+        return [*(list(batch) if batch is not None else []), agent]
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
         """The agent's identities, oldest first: looked up once for every agent being rendered (the list's,
         or this one), then kept in the context."""
-        known: dict[str, list[str]] = self.context.setdefault("identity_ids", {})
+        if not self._has("identities"):
+            return []
+        known: dict[str, list[str]] = self._looked_up("identity_ids")
         if agent.id not in known:
-            batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
-            agents = list(batch) if batch is not None else [agent]
-            known.update(identity_ids_by_agent([a.id for a in agents] + [agent.id]))
+            known.update(identity_ids_by_agent([a.id for a in self._batch(agent)]))
         return known[agent.id]
 
-    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    @extend_schema_field(IdentityOut(many=True))
     def get_identities(self, agent: Agent) -> list[Any]:
-        return []
+        """Letta's Identity objects of `identity_ids`, each fetched and rendered once per response."""
+        ids = self.get_identity_ids(agent)
+        if not ids:
+            return []
+        rendered: dict[str, Any] = self._looked_up("identities")
+        missing = [i for i in ids if i not in rendered]
+        if missing:
+            everyone = {i for a in self._batch(agent) for i in self.get_identity_ids(a)} - set(rendered)
+            found = identity_queryset(actor=self.context["actor"]).filter(id__in=everyone)
+            rendered.update({identity.id: IdentityOut(identity).data for identity in found})
+        return [rendered[i] for i in ids if i in rendered]
 
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_managed_group(self, agent: Agent) -> dict[str, Any] | None:
-        return sleeptime_group(agent)
+        return sleeptime_group(agent) if self._has("managed_group") else None
 
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_multi_agent_group(self, agent: Agent) -> dict[str, Any] | None:
-        return sleeptime_group(agent)  # Letta's deprecated name for managed_group
+        return self.get_managed_group(agent)  # Letta's deprecated name for managed_group
 
     @extend_schema_field(serializers.DictField(allow_null=True))
-    def get_pending_approval(self, agent: Agent) -> None:
-        return None
+    def get_pending_approval(self, agent: Agent) -> dict[str, Any] | None:
+        """The approval request awaiting a decision (an approval_request_message), only when asked for
+        (`include=agent.pending_approval`): looked up once for every agent being rendered."""
+        if not self._has("pending_approval"):
+            return None
+        known: dict[str, Any] = self._looked_up("pending_approvals")
+        if agent.id not in known:
+            batch = self._batch(agent)
+            found = agent_selectors.pending_approvals_by_agent(batch)
+            known.update({a.id: found.get(a.id) for a in batch})
+        pending = known[agent.id]
+        return to_letta_messages(pending)[0] if pending is not None else None
 
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_response_format(self, agent: Agent) -> Any:
@@ -398,17 +491,29 @@ class AgentStateOut(serializers.Serializer):
         return None
 
 
-def agent_states(agents: Iterable[Agent], *, actor: Actor) -> list[dict[str, Any]]:
-    """AgentState for prefetched agents, with their model handles resolved once per distinct handle."""
+def agent_states(
+    agents: Iterable[Agent], *, actor: Actor, include: frozenset[str] = agent_selectors.AGENT_RELATIONSHIPS
+) -> list[dict[str, Any]]:
+    """AgentState for agents prefetched with `include` (agent_selectors.agent_state_queryset), with their
+    model handles resolved once per distinct handle."""
     agents = list(agents)
-    agent_selectors.attach_shared_tools(agents)  # lists load them apart (agent_state_list)
+    if "tools" in include:
+        agent_selectors.attach_shared_tools(agents)  # lists load them apart (agent_state_list)
     chat_models, embedding_models = agent_selectors.agent_model_infos(actor=actor, agents=agents)
-    context = {"chat_models": chat_models, "embedding_models": embedding_models, "nested": Nested()}
+    context = {
+        "chat_models": chat_models,
+        "embedding_models": embedding_models,
+        "nested": Nested(),
+        "include": include,
+        "actor": actor,
+    }
     return list(AgentStateOut(agents, many=True, context=context).data)
 
 
-def agent_state(agent: Agent, *, actor: Actor) -> dict[str, Any]:
-    return agent_states([agent], actor=actor)[0]
+def agent_state(
+    agent: Agent, *, actor: Actor, include: frozenset[str] = agent_selectors.AGENT_RELATIONSHIPS
+) -> dict[str, Any]:
+    return agent_states([agent], actor=actor, include=include)[0]
 
 
 class TenantEndpointField(serializers.CharField):

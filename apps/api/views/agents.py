@@ -37,9 +37,28 @@ AGENT_BLOCKS_DEFAULT_LIMIT = 100  # Letta's default for GET /v1/agents/{id}/core
 
 
 def is_sdk_v1(request: Request) -> bool:
-    """Letta's test for a 1.x SDK (Stainless-generated): some endpoints then answer null instead of the agent."""
-    user_agent = request.headers.get("User-Agent", "").lower()
-    return "X-Stainless-Package-Version" in request.headers or "letta-client/" in user_agent
+    """Letta's test for a 1.x client (its `is_1_0_sdk_version`), on which some endpoints change: agent lists
+    and retrieves leave out relationships not asked for, attach/detach answer null. A 1.x client is the
+    Stainless SDK (its X-Stainless-Package-Version header), a request with no User-Agent at all (curl -A '',
+    a bare HTTP library: nothing pinned), or a `letta-client/1.x` or `@letta-ai/letta-client/1.x` one."""
+    if "X-Stainless-Package-Version" in request.headers:
+        return True
+    user_agent = request.headers.get("User-Agent")
+    if not user_agent:
+        return True
+    parts = user_agent.split("/")
+    if not (parts[:-1] == ["letta-client"] or parts[:-1] == ["@letta-ai", "letta-client"]):
+        return False
+    version = parts[-1].split("-")[0].split("a")[0].split("b")[0]
+    return "." in version and version.split(".")[0] == "1"
+
+
+def requested_relationships(request: Request, *, legacy_by_default: bool = True) -> frozenset[str]:
+    """What this request's AgentStates carry (serializers.agents.requested_relationships). Only the agents
+    list and retrieve give a pre-1.0 client every relationship by default (`legacy_by_default`)."""
+    return s.requested_relationships(
+        request.query_params, legacy_client=legacy_by_default and not is_sdk_v1(request)
+    )
 
 
 def json_null() -> HttpResponse:
@@ -78,8 +97,11 @@ class AgentListQueryIn(serializers.Serializer):
         return attrs
 
 
-def _agent_list(actor: Actor, request: Request) -> tuple[QuerySet[Agent], str]:
-    """The agents a list or count request selects, and the column its pages are ordered by."""
+def _agent_list(
+    actor: Actor, request: Request, *, include: frozenset[str] = frozenset()
+) -> tuple[QuerySet[Agent], str]:
+    """The agents a list or count request selects (prefetched with `include`), and the column its pages
+    are ordered by."""
     query = AgentListQueryIn(data=request.query_params)
     query.is_valid(raise_exception=True)
     params = query.validated_data
@@ -89,7 +111,9 @@ def _agent_list(actor: Actor, request: Request) -> tuple[QuerySet[Agent], str]:
         if key in params
     }
     filters["show_hidden"] = bool(params.get("show_hidden_agents"))
-    qs = agent_selectors.agent_state_list(actor=actor, tags=request.query_params.getlist("tags"), **filters)
+    qs = agent_selectors.agent_state_list(
+        actor=actor, tags=request.query_params.getlist("tags"), include=include, **filters
+    )
     qs = identity_selectors.filter_agents_by_identity(
         qs,
         identity_id=params.get("identity_id"),
@@ -122,13 +146,15 @@ class AgentListCreateApi(OrgApiView):
             AgentListQueryIn,
             OpenApiParameter("tags", str, many=True),
             OpenApiParameter("identifier_keys", str, many=True),
+            s.AgentIncludeIn,
         ],
         responses=s.AgentStateOut(many=True),
     )
     def get(self, request: Request) -> Response:
-        qs, key = _agent_list(self.actor, request)
+        include = requested_relationships(request)
+        qs, key = _agent_list(self.actor, request, include=include)
         page = paginate(qs, _page_params(request), key=key)
-        return Response(s.agent_states(page, actor=self.actor))
+        return Response(s.agent_states(page, actor=self.actor, include=include))
 
     @extend_schema(operation_id="create_agent", request=s.AgentCreateIn, responses=s.AgentStateOut)
     def post(self, request: Request) -> Response:
@@ -162,10 +188,11 @@ class AgentCountApi(OrgApiView):
 
 
 class AgentDetailApi(OrgApiView):
-    @extend_schema(operation_id="retrieve_agent", responses=s.AgentStateOut)
+    @extend_schema(operation_id="retrieve_agent", parameters=[s.AgentIncludeIn], responses=s.AgentStateOut)
     def get(self, request: Request, agent_id: str) -> Response:
-        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id)
-        return Response(s.agent_state(agent, actor=self.actor))
+        include = requested_relationships(request)
+        agent = agent_selectors.agent_state_get(actor=self.actor, agent_id=agent_id, include=include)
+        return Response(s.agent_state(agent, actor=self.actor, include=include))
 
     @extend_schema(operation_id="modify_agent", request=s.AgentUpdateIn, responses=s.AgentStateOut)
     def patch(self, request: Request, agent_id: str) -> Response:

@@ -20,7 +20,7 @@ from apps.api.base import OrgApiView
 from apps.api.serializers import agents as agent_s
 from apps.api.serializers import archives as s
 from apps.api.serializers.archival import PassageOut
-from apps.api.views.agents import json_null
+from apps.api.views.agents import json_null, requested_relationships
 from apps.core.pagination import PageParams, paginate
 from apps.memory import selectors as memory_selectors
 from apps.memory import services as memory_services
@@ -83,12 +83,19 @@ class ArchiveDetailApi(OrgApiView):
 
 
 class ArchiveAgentListApi(OrgApiView):
-    @extend_schema(operation_id="list_agents_for_archive", responses=agent_s.AgentStateOut(many=True))
+    @extend_schema(
+        operation_id="list_agents_for_archive",
+        parameters=[agent_s.AgentIncludeIn],
+        responses=agent_s.AgentStateOut(many=True),
+    )
     def get(self, request: Request, archive_id: str) -> Response:
         archive = memory_selectors.archive_get(actor=self.actor, archive_id=archive_id)
-        qs = agent_selectors.agent_state_queryset(actor=self.actor).filter(archives__id=archive.id)
+        include = requested_relationships(request, legacy_by_default=False)
+        qs = agent_selectors.agent_state_queryset(actor=self.actor, include=include).filter(
+            archives__id=archive.id
+        )
         page = paginate(qs, PageParams.from_query(request.query_params, default_limit=DEFAULT_LIST_LIMIT))
-        return Response(agent_s.agent_states(page, actor=self.actor))
+        return Response(agent_s.agent_states(page, actor=self.actor, include=include))
 
 
 def _passages_out(archive: Archive, passages: list, *, many: bool) -> dict | list:

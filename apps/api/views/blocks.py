@@ -14,6 +14,7 @@ from apps.api.base import OrgApiView
 from apps.api.serializers import agents as agent_s
 from apps.api.serializers import blocks as block_s
 from apps.api.serializers import common as s
+from apps.api.views.agents import requested_relationships
 from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
 from apps.identities import selectors as identity_selectors
@@ -71,15 +72,20 @@ class BlockCountApi(OrgApiView):
 
 
 class BlockAgentListApi(OrgApiView):
-    @extend_schema(operation_id="list_agents_for_block", responses=agent_s.AgentStateOut(many=True))
+    @extend_schema(
+        operation_id="list_agents_for_block",
+        parameters=[agent_s.AgentIncludeIn],
+        responses=agent_s.AgentStateOut(many=True),
+    )
     def get(self, request: Request, block_id: str) -> Response:
         """The agents the block is attached to. Raises BlockNotFound (404) first."""
         memory_selectors.block_get(actor=self.actor, block_id=block_id)
-        qs = agent_selectors.agent_state_queryset(actor=self.actor).filter(
+        include = requested_relationships(request, legacy_by_default=False)
+        qs = agent_selectors.agent_state_queryset(actor=self.actor, include=include).filter(
             block_attachments__block_id=block_id
         )
         page = paginate(qs, PageParams.from_query(request.query_params))
-        return Response(agent_s.agent_states(page, actor=self.actor))
+        return Response(agent_s.agent_states(page, actor=self.actor, include=include))
 
 
 class BlockDetailApi(OrgApiView):

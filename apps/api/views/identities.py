@@ -20,7 +20,7 @@ from apps.api.base import OrgApiView
 from apps.api.serializers import agents as agent_s
 from apps.api.serializers import identities as s
 from apps.api.serializers.common import BlockOut
-from apps.api.views.agents import json_null
+from apps.api.views.agents import json_null, requested_relationships
 from apps.core.pagination import PageParams, paginate
 from apps.identities import selectors, services
 
@@ -105,15 +105,20 @@ class IdentityPropertiesApi(OrgApiView):
 
 
 class IdentityAgentListApi(OrgApiView):
-    @extend_schema(operation_id="list_agents_for_identity", responses=agent_s.AgentStateOut(many=True))
+    @extend_schema(
+        operation_id="list_agents_for_identity",
+        parameters=[agent_s.AgentIncludeIn],
+        responses=agent_s.AgentStateOut(many=True),
+    )
     def get(self, request: Request, identity_id: str) -> Response:
         """The agents linked to the identity. Raises IdentityNotFound (404) first."""
         identity = selectors.identity_get(actor=self.actor, identity_id=identity_id)
+        include = requested_relationships(request, legacy_by_default=False)
         qs = selectors.filter_agents_by_identity(
-            agent_selectors.agent_state_queryset(actor=self.actor), identity_id=identity.id
+            agent_selectors.agent_state_queryset(actor=self.actor, include=include), identity_id=identity.id
         )
         page = paginate(qs, PageParams.from_query(request.query_params, default_limit=DEFAULT_LIST_LIMIT))
-        return Response(agent_s.agent_states(page, actor=self.actor))
+        return Response(agent_s.agent_states(page, actor=self.actor, include=include))
 
 
 class IdentityBlockListApi(OrgApiView):
