@@ -190,7 +190,7 @@ REST_FRAMEWORK = {
         "apps.api.authentication.OrgSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["apps.api.renderers.OrjsonRenderer"],
     "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.BoundedJSONParser"],  # JSON_MAX_DEPTH
     "EXCEPTION_HANDLER": "apps.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
