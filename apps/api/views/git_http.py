@@ -24,7 +24,7 @@ from rest_framework.exceptions import Throttled
 from apps.accounts.errors import AuthenticationFailed
 from apps.accounts.services import api_key_authenticate, hash_api_key
 from apps.agents.selectors import agent_get
-from apps.api.throttles import ApiKeyFailureThrottle, ApiKeyRateThrottle, OrganizationRateThrottle
+from apps.api.throttles import ApiKeyFailureThrottle, ApiKeyRateThrottle, OrganizationRateThrottle, refused_by
 from apps.core.actor import Actor
 from apps.core.errors import DomainError, NotFound, PermissionDenied
 from apps.memory.services import decode_body, git_info_refs, git_receive_pack, git_upload_pack
@@ -77,11 +77,11 @@ def _authenticate(request: HttpRequest) -> Actor | HttpResponse:
     # The API's request rates, counted in the same buckets as the key's /v1 requests (they read these).
     request.auth = actor  # type: ignore[attr-defined]
     request.api_key_hash = hash_api_key(raw_key.strip())  # type: ignore[attr-defined]
-    for throttle in (ApiKeyRateThrottle(), OrganizationRateThrottle()):
-        if not throttle.allow_request(request, None):  # type: ignore[arg-type]
-            response = _text(429, "Request was throttled: too many requests for this API key or organisation")
-            response["Retry-After"] = str(int(throttle.wait() or 1))
-            return response
+    refused = refused_by([ApiKeyRateThrottle(), OrganizationRateThrottle()], request, None)  # type: ignore[arg-type]
+    if refused:
+        response = _text(429, "Request was throttled: too many requests for this API key or organisation")
+        response["Retry-After"] = str(int(max(t.wait() for t in refused) or 1))
+        return response
     return actor
 
 
