@@ -492,15 +492,20 @@ def agent_model_infos(
     so an AgentState list costs one query per distinct handle, not per agent. A handle that no longer
     resolves (provider removed, key unset) is still described, from the handle alone."""
     agents = list(agents)
-    byok = set(Provider.objects.for_actor(actor).values_list("name", flat=True))
+    # The organisation's providers, read once for every handle (each resolve would read its own).
+    byok = {provider.name: provider for provider in Provider.objects.for_actor(actor)}
 
     def category(handle: str) -> str:
         return "byok" if handle.partition("/")[0] in byok else "base"
 
+    def rows(handle: str) -> list[Provider]:
+        named = byok.get(handle.partition("/")[0])
+        return [named] if named is not None else []
+
     chats: dict[str, ChatModelInfo] = {}
     for handle in sorted({a.model for a in agents if a.model}):
         try:
-            target = resolve_model(handle, organization_id=actor.organization_id)
+            target = resolve_model(handle, organization_id=actor.organization_id, provider_rows=rows(handle))
         except UnknownModelHandle:
             chats[handle] = _unresolved_chat_info(handle)
         else:
@@ -508,7 +513,9 @@ def agent_model_infos(
     embeddings: dict[str, EmbeddingModelInfo] = {}
     for handle in sorted({a.embedding for a in agents if a.embedding}):
         try:
-            embedding_target = resolve_embedding(handle, organization_id=actor.organization_id)
+            embedding_target = resolve_embedding(
+                handle, organization_id=actor.organization_id, provider_rows=rows(handle)
+            )
         except UnknownModelHandle:
             embeddings[handle] = _unresolved_embedding_info(handle)
         else:

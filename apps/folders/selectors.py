@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils.dateparse import parse_datetime
 
@@ -193,17 +193,29 @@ def agent_file_limits(agent: Agent) -> FileLimits:
     )
 
 
+_READ_LIMITS = {"file_max_open": "file_settings__max_files_open", "file_char_limit": "file_settings__per_file_view_window_char_limit"}  # fmt: skip
+
+
+def with_file_limits(agents: QuerySet[Agent]) -> QuerySet[Agent]:
+    """The agents with their own file limits read in the same query (a LEFT JOIN), so that
+    file_limits_by_agent needs none of its own (AgentState list pages)."""
+    return agents.annotate(**{name: F(path) for name, path in _READ_LIMITS.items()})
+
+
 def file_limits_by_agent(agents: Sequence[Agent]) -> dict[str, FileLimits]:
-    """agent_file_limits for several agents in one query (AgentState lists)."""
-    ids = [a.id for a in agents]
-    rows = {row.agent_id: row for row in AgentFileSettings.objects.unscoped().filter(agent_id__in=ids)}
+    """agent_file_limits for several agents: in one query, or none for agents read `with_file_limits`."""
+    if all(hasattr(agent, "file_max_open") for agent in agents):
+        annotated: list[Any] = list(agents)  # by with_file_limits: attributes no type declares
+        own = {agent.id: (agent.file_max_open, agent.file_char_limit) for agent in annotated}
+    else:
+        rows = AgentFileSettings.objects.unscoped().filter(agent_id__in=[a.id for a in agents])
+        own = {row.agent_id: (row.max_files_open, row.per_file_view_window_char_limit) for row in rows}
     limits = {}
     for agent in agents:
         defaults = default_file_limits(agent.context_window_limit or DEFAULT_CONTEXT_WINDOW)
-        row = rows.get(agent.id)
+        max_open, char_limit = own.get(agent.id, (None, None))
         limits[agent.id] = FileLimits(
-            (row.max_files_open if row else None) or defaults.max_files_open,
-            (row.per_file_view_window_char_limit if row else None) or defaults.per_file_char_limit,
+            max_open or defaults.max_files_open, char_limit or defaults.per_file_char_limit
         )
     return limits
 

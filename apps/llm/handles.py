@@ -122,14 +122,16 @@ def resolve_model(
     )
 
 
-def resolve_embedding(handle: str, *, organization_id: str) -> EmbeddingTarget:
+def resolve_embedding(
+    handle: str, *, organization_id: str, provider_rows: list[Provider] | None = None
+) -> EmbeddingTarget:
     """Resolve an embedding handle such as `openai/text-embedding-3-small` for an organisation.
 
     An empty handle is an error (UnknownModelHandle), never a default model. Anthropic has no
-    embedding models, so its handles are rejected too.
+    embedding models, so its handles are rejected too. `provider_rows`: as resolve_model's.
     """
     provider_name, model = _split(handle, kind="embedding")
-    creds = _credentials(provider_name, organization_id=organization_id, handle=handle)
+    creds = _credentials(provider_name, organization_id=organization_id, handle=handle, rows=provider_rows)
     if creds.provider_type == ProviderType.ANTHROPIC:
         raise UnknownModelHandle(f"Embedding handle '{handle}': Anthropic has no embedding models.")
     return EmbeddingTarget(

@@ -128,5 +128,32 @@ def test_a_bare_page_of_50_agents_costs_fewer_statements_than_a_full_one(actor, 
 
     assert len(bare_page.json()) == len(full_page.json()) == 50
     assert len(bare_page.content) * 4 < len(full_page.content)
-    # The key, the page, its model handles, its file limits; then the blocks, secrets, tools, identities.
-    assert (len(bare.captured_queries), len(full.captured_queries)) == (4, 8)
+    # The key, the page (its file limits joined), the organisation's providers; in full also the blocks,
+    # secrets, tools, identities, and the folders with the file blocks.
+    assert (len(bare.captured_queries), len(full.captured_queries)) == (3, 8)
+
+
+def test_an_agent_state_is_what_its_declared_fields_render(actor, agent, monkeypatch):
+    """AgentStateOut builds its object directly (for speed); DRF's own rendering of the declared fields,
+    which the OpenAPI schema describes, must give the same."""
+    from rest_framework import serializers
+
+    from apps.agents import selectors as agent_selectors
+    from apps.api.serializers import agents as agent_serializers
+
+    def rendered() -> dict:
+        loaded = agent_selectors.agent_state_get(actor=actor, agent_id=agent.id)
+        return agent_serializers.agent_state(loaded, actor=actor)
+
+    direct = rendered()
+    monkeypatch.setattr(
+        agent_serializers.AgentStateOut, "to_representation", serializers.Serializer.to_representation
+    )
+    declared = rendered()
+
+    assert direct == declared
+    assert list(direct) == list(declared)  # the same order of keys too
+    assert direct["blocks"]
+    assert direct["tools"]
+    assert direct["secrets"]
+    assert direct["identities"]

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from typing import Any, cast
 
+from django.conf import settings
+from django.utils import timezone as django_timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -17,14 +20,14 @@ from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
 from apps.agents.services import BlockSpec
 from apps.agents.wire import to_letta_messages, with_thread_system_message
-from apps.api.serializers.common import BlockOut
+from apps.api.serializers.common import BlockOut, validated_query
 from apps.api.serializers.folders import FolderOut
 from apps.api.serializers.identities import IdentityOut
 from apps.api.serializers.messages import _message_create
 from apps.api.serializers.strict import CLOUD_ONLY, REASONING_IN_SETTINGS, refuse_unsupported
 from apps.api.serializers.tools import ToolResponse
 from apps.core.actor import Actor
-from apps.folders.selectors import files_of_agents
+from apps.folders.selectors import FileLimits, file_limits_by_agent, files_of_agents
 from apps.identities.selectors import identity_ids_by_agent, identity_queryset
 from apps.llm.selectors import DEFAULT_CONTEXT_WINDOW, endpoint_for_tenants
 from apps.tools.services import MULTI_AGENT_TOOLS
@@ -238,12 +241,11 @@ def requested_relationships(query: Any, *, legacy_client: bool) -> frozenset[str
     decides them: what `include` names (`agent.blocks` also loads the tags), plus what
     `include_relationships` names; a `legacy_client` (a pre-1.0 SDK, api.views.agents.is_sdk_v1) that
     names no `include_relationships` gets LEGACY_DEFAULT. An unknown `include` value is a 422 naming it."""
-    data = AgentIncludeIn(data=query)
-    data.is_valid(raise_exception=True)
-    included = {value.removeprefix("agent.") for value in data.validated_data.get("include", [])}
+    data = validated_query(AgentIncludeIn, query)
+    included = {value.removeprefix("agent.") for value in data.get("include", [])}
     if "blocks" in included:
         included.add("tags")
-    legacy = data.validated_data.get("include_relationships")
+    legacy = data.get("include_relationships")
     if legacy:
         for name in legacy:
             included |= LEGACY_RELATIONSHIPS.get(name, set())
@@ -302,11 +304,75 @@ class AgentStateOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
+    def to_representation(self, agent: Agent) -> dict[str, Any]:
+        """What the declared fields render (tests/api/test_agent_include.py compares the two), built
+        directly: DRF's per-field machinery (about 45 fields an agent) was half of a list page's CPU."""
+        stamp = self._stamp
+        last_run = agent.last_run_completion
+        return {
+            "id": agent.id,
+            "name": agent.name,
+            "agent_type": agent.agent_type,
+            "description": agent.description,
+            "system": self.get_system(agent),
+            "model": self.get_model(agent),
+            "embedding": self.get_embedding(agent),
+            "llm_config": self.get_llm_config(agent),
+            "embedding_config": self.get_embedding_config(agent),
+            "model_settings": self.get_model_settings(agent),
+            "compaction_settings": self.get_compaction_settings(agent),
+            "context_window_limit": agent.context_window_limit,
+            "memory": self.get_memory(agent),
+            "blocks": self.get_blocks(agent),
+            "tools": self.get_tools(agent),
+            "sources": self.get_sources(agent),
+            "tags": self.get_tags(agent),
+            "tool_rules": agent.tool_rules,
+            "message_ids": self.get_message_ids(agent),
+            "metadata": agent.metadata,
+            "secrets": self.get_secrets(agent),
+            "tool_exec_environment_variables": self.get_tool_exec_environment_variables(agent),
+            "identity_ids": self.get_identity_ids(agent),
+            "identities": self.get_identities(agent),
+            "managed_group": self.get_managed_group(agent),
+            "multi_agent_group": self.get_multi_agent_group(agent),
+            "pending_approval": self.get_pending_approval(agent),
+            "response_format": self.get_response_format(agent),
+            "enable_sleeptime": agent.enable_sleeptime,
+            "message_buffer_autoclear": agent.message_buffer_autoclear,
+            "timezone": agent.timezone,
+            "hidden": agent.hidden,
+            "max_files_open": self.get_max_files_open(agent),
+            "per_file_view_window_char_limit": self.get_per_file_view_window_char_limit(agent),
+            "last_run_completion": stamp(last_run) if last_run is not None else None,
+            "last_run_duration_ms": agent.last_run_duration_ms,
+            "last_stop_reason": self.get_last_stop_reason(agent),
+            "project_id": None,
+            "template_id": None,
+            "base_template_id": None,
+            "created_by_id": agent.created_by_id,
+            "last_updated_by_id": agent.last_updated_by_id,
+            "created_at": stamp(agent.created_at),
+            "updated_at": stamp(agent.updated_at),
+        }
+
     def _chat(self, agent: Agent) -> agent_selectors.ChatModelInfo | None:
         return self.context["chat_models"].get(agent.model)
 
+    @cached_property
+    def _stamp(self) -> Callable[[Any], Any]:
+        """How the declared DateTimeFields render, with the current timezone read once per response
+        (DRF's field looks it up for every value)."""
+        zone = django_timezone.get_current_timezone() if settings.USE_TZ else None
+        return serializers.DateTimeField(default_timezone=zone).to_representation
+
+    @cached_property
+    def _included(self) -> frozenset[str]:
+        # Read once: `self.context` walks up to the list serializer on every access.
+        return self.context.get("include", agent_selectors.AGENT_RELATIONSHIPS)
+
     def _has(self, relationship: str) -> bool:
-        return relationship in self.context.get("include", agent_selectors.AGENT_RELATIONSHIPS)
+        return relationship in self._included
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_tags(self, agent: Agent) -> list[str]:
@@ -468,11 +534,20 @@ class AgentStateOut(serializers.Serializer):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_max_files_open(self, agent: Agent) -> int:
-        return int(self._files(agent).limits.max_files_open)
+        return int(self._file_limits(agent).max_files_open)
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_per_file_view_window_char_limit(self, agent: Agent) -> int:
-        return int(self._files(agent).limits.per_file_char_limit)
+        return int(self._file_limits(agent).per_file_char_limit)
+
+    def _file_limits(self, agent: Agent) -> FileLimits:
+        """With the folders or file blocks, from their lookup; else from the settings alone (lighter)."""
+        if self._has("sources") or self._has("blocks"):
+            return self._files(agent).limits
+        known: dict[str, FileLimits] = self._looked_up("file_limits")
+        if agent.id not in known:
+            known.update(file_limits_by_agent(self._batch(agent)))
+        return known[agent.id]
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_last_stop_reason(self, agent: Agent) -> str | None:

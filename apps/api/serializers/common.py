@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from rest_framework import serializers
 
 MAX_BLOCK_LIMIT = 2**31 - 1  # the column's range (PositiveIntegerField)
+
+
+def validated_query(shape: type[serializers.Serializer], query: Any) -> dict[str, Any]:
+    """`shape`'s validated data for a request's query string (a 422 for bad input). A request with no
+    query (the SDK's plain list) gets the defaults, validated once per shape: a serializer copies all its
+    fields each time it validates (about 30 us a field)."""
+    if not query:
+        return dict(_defaults(shape))
+    data = shape(data=query)
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
+
+
+@functools.cache
+def _defaults(shape: type[serializers.Serializer]) -> dict[str, Any]:
+    data = shape(data={})
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
 
 
 class BlockOut(serializers.Serializer):

@@ -23,11 +23,12 @@ from apps.agents import services as agent_services
 from apps.agents.models import Agent, StopReason
 from apps.api.base import OrgApiView
 from apps.api.serializers import agents as s
-from apps.api.serializers.common import BlockOut, BlockUpdateIn
+from apps.api.serializers.common import BlockOut, BlockUpdateIn, validated_query
 from apps.api.serializers.strict import CLOUD_ONLY, refuse_unsupported
 from apps.api.serializers.tools import AgentToolRunIn, AgentToolRunOut, ToolResponse
 from apps.core.actor import Actor
 from apps.core.pagination import PageParams, paginate
+from apps.folders import selectors as folder_selectors
 from apps.folders import services as folder_services
 from apps.identities import selectors as identity_selectors
 from apps.identities import services as identity_services
@@ -102,10 +103,8 @@ def _agent_list(
 ) -> tuple[QuerySet[Agent], str]:
     """The agents a list or count request selects (prefetched with `include`), and the column its pages
     are ordered by."""
-    query = AgentListQueryIn(data=request.query_params)
-    query.is_valid(raise_exception=True)
-    params = query.validated_data
-    filters = {
+    params = validated_query(AgentListQueryIn, request.query_params)
+    filters: dict[str, Any] = {
         key: params[key]
         for key in ("name", "query_text", "match_all_tags", "created_by_id", "last_stop_reason")
         if key in params
@@ -153,7 +152,7 @@ class AgentListCreateApi(OrgApiView):
     def get(self, request: Request) -> Response:
         include = requested_relationships(request)
         qs, key = _agent_list(self.actor, request, include=include)
-        page = paginate(qs, _page_params(request), key=key)
+        page = paginate(folder_selectors.with_file_limits(qs), _page_params(request), key=key)
         return Response(s.agent_states(page, actor=self.actor, include=include))
 
     @extend_schema(operation_id="create_agent", request=s.AgentCreateIn, responses=s.AgentStateOut)
