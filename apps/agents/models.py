@@ -23,7 +23,7 @@ from apps.core.ids import (
     new_run_id,
     new_step_id,
 )
-from apps.core.models import OrgOwnedModel
+from apps.core.models import IdArrayField, OrgOwnedModel
 from apps.memory.models import INDEXED_HALFVEC_DIMENSIONS, INDEXED_VECTOR_DIMENSIONS, vector_index_expression
 
 MESSAGE_SEQUENCE = "agents_message_sequence"
@@ -90,7 +90,7 @@ class Agent(OrgOwnedModel):
     tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     tool_rules = models.JSONField(default=list, blank=True)
-    message_ids = ArrayField(
+    message_ids = IdArrayField(
         models.CharField(max_length=ID_MAX_LENGTH),
         default=list,
         blank=True,
