@@ -11,10 +11,10 @@ MAX_BLOCK_LIMIT = 2**31 - 1  # the column's range (PositiveIntegerField)
 
 
 def validated_query(shape: type[serializers.Serializer], query: Any) -> dict[str, Any]:
-    """`shape`'s validated data for a request's query string (a 422 for bad input). A request with no
-    query (the SDK's plain list) gets the defaults, validated once per shape: a serializer copies all its
-    fields each time it validates (about 30 us a field)."""
-    if not query:
+    """`shape`'s validated data for a request's query string (a 422 for bad input). A query that names
+    none of its fields (the SDK's plain list, or one with only cursors) gets the defaults, validated once
+    per shape: a serializer copies all its fields each time it validates (about 30 us a field)."""
+    if not any(name in query for name in shape._declared_fields):
         return dict(_defaults(shape))
     data = shape(data=query)
     data.is_valid(raise_exception=True)
