@@ -59,7 +59,7 @@ from apps.agents.services import BlockSpec, agent_create  # noqa: E402
 from apps.core.actor import Actor, Role  # noqa: E402
 from bench import archival, compare, inprocess, spy, turns  # noqa: E402
 from bench.stack import Platform  # noqa: E402
-from bench.stats import across, percentile  # noqa: E402
+from bench.stats import across, machine_speed_ms, percentile  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 MODEL = "openai/gpt-4o-mini"
@@ -515,20 +515,6 @@ def print_table(results: dict[str, Any]) -> str:
     text = "\n".join(lines)
     print(text, flush=True)
     return text
-
-
-def machine_speed_ms(repeats: int = 7) -> dict[str, float]:
-    """A fixed CPU-bound workload (JSON round trips of a message-like document), timed `repeats` times:
-    the minimum is the machine's speed, the median shows contention. Compare runs with it: these
-    machines are virtual and their speed changes with their neighbours' load."""
-    document = [{"role": "user", "content": f"Message number {i} " * 4, "id": i} for i in range(400)]
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(20):
-            json.loads(json.dumps(document))
-        times.append((time.perf_counter() - started) * 1000)
-    return {"min": round(min(times), 2), "median": round(percentile(times, 50), 2)}
 
 
 def cpu_steal_ticks() -> tuple[int, int] | None:

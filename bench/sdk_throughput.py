@@ -40,8 +40,8 @@ from django.db import connection  # noqa: E402
 from letta_client import Letta  # noqa: E402
 
 from bench import stack, turns  # noqa: E402
-from bench.run import Tenant, cpu_per_turn, log, machine_speed_ms  # noqa: E402
-from bench.stats import percentile  # noqa: E402
+from bench.run import Tenant, cpu_per_turn, log  # noqa: E402
+from bench.stats import machine_speed_ms, percentile  # noqa: E402
 
 COUNTED = ("web", "workers", "postgres", "valkey")  # the platform; llm and client are reported apart
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from collections.abc import Sequence
 
 
@@ -30,3 +32,17 @@ def across(values: Sequence[float], digits: int = 2) -> dict[str, float | list[f
         "spread": round(max(values) - min(values), digits),
         "runs": [round(v, digits) for v in values],
     }
+
+
+def machine_speed_ms(repeats: int = 7) -> dict[str, float]:
+    """A fixed CPU-bound workload (JSON round trips of a message-like document), timed `repeats` times:
+    the minimum is the machine's speed, the median shows contention. Compare runs with it: these
+    machines are virtual and their speed changes with their neighbours' load."""
+    document = [{"role": "user", "content": f"Message number {i} " * 4, "id": i} for i in range(400)]
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(20):
+            json.loads(json.dumps(document))
+        times.append((time.perf_counter() - started) * 1000)
+    return {"min": round(min(times), 2), "median": round(percentile(times, 50), 2)}
