@@ -22,3 +22,20 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+def _freeze_start_up_objects() -> None:
+    """Django, DRF, the views and the app registry live as long as the process: out of the garbage
+    collector's walks with them (gc.freeze, after a collection so nothing dead is kept), as a worker does
+    (config/celery.py). A full collection walked them all with every stream's event loop stopped. The
+    URLconf is loaded first: it imports every view."""
+    import gc
+
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018  (loaded for its imports)
+    gc.collect()
+    gc.freeze()
+
+
+_freeze_start_up_objects()
