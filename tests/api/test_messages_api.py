@@ -409,12 +409,15 @@ def test_the_agent_shows_its_pending_approval_when_asked(client, actor, llm, cel
     asked = client.get(f"/v1/agents/{agent.id}", {"include": "agent.pending_approval"}).json()
     [listed] = client.get("/v1/agents/", {"include": "agent.pending_approval"}).json()
     plain = client.get(f"/v1/agents/{agent.id}").json()
+    updated = client.patch(f"/v1/agents/{agent.id}", {"description": "Waits"}, format="json").json()
 
     pending = asked["pending_approval"]
     assert (pending["id"], pending["message_type"]) == (request_id, "approval_request_message")
     assert pending["tool_call"]["name"] == "memory_insert"
     assert listed["pending_approval"] == pending
     assert plain["pending_approval"] is None
+    assert (updated["description"], updated["pending_approval"]) == ("Waits", None)  # only when asked for
+    assert updated["blocks"]  # every other relationship, as on Letta
 
 
 @worker

@@ -225,7 +225,8 @@ LEGACY_RELATIONSHIPS = {
 }
 """The deprecated `include_relationships` names Letta acts on, and what each loads; it ignores others."""
 LEGACY_DEFAULT = frozenset(name for names in LEGACY_RELATIONSHIPS.values() for name in names)
-"""What a pre-1.0 client gets from a list or retrieve that names nothing (all but the pending approval)."""
+"""Every relationship but the pending approval: what a pre-1.0 client's list or retrieve that names nothing
+gets, and what every other AgentState answer (create, update, attach) carries, as on Letta."""
 
 
 class AgentIncludeIn(serializers.Serializer):
@@ -256,8 +257,8 @@ def requested_relationships(query: Any, *, legacy_client: bool) -> frozenset[str
 
 class AgentStateOut(serializers.Serializer):
     """Letta's AgentState. The relationships (blocks, tools, folders, tags, identities, group, secrets, the
-    pending approval) are those in the context's `include` (agent_selectors.AGENT_RELATIONSHIPS by default:
-    all); a relationship left out is empty (null for the group and the approval), as on Letta."""
+    pending approval) are those in the context's `include` (LEGACY_DEFAULT by default: all but the pending
+    approval); a relationship left out is empty (null for the group and the approval), as on Letta."""
 
     id = serializers.CharField()
     name = serializers.CharField()
@@ -369,7 +370,7 @@ class AgentStateOut(serializers.Serializer):
     @cached_property
     def _included(self) -> frozenset[str]:
         # Read once: `self.context` walks up to the list serializer on every access.
-        return self.context.get("include", agent_selectors.AGENT_RELATIONSHIPS)
+        return self.context.get("include", LEGACY_DEFAULT)
 
     def _has(self, relationship: str) -> bool:
         return relationship in self._included
@@ -567,7 +568,7 @@ class AgentStateOut(serializers.Serializer):
 
 
 def agent_states(
-    agents: Iterable[Agent], *, actor: Actor, include: frozenset[str] = agent_selectors.AGENT_RELATIONSHIPS
+    agents: Iterable[Agent], *, actor: Actor, include: frozenset[str] = LEGACY_DEFAULT
 ) -> list[dict[str, Any]]:
     """AgentState for agents prefetched with `include` (agent_selectors.agent_state_queryset), with their
     model handles resolved once per distinct handle."""
@@ -585,9 +586,7 @@ def agent_states(
     return list(AgentStateOut(agents, many=True, context=context).data)
 
 
-def agent_state(
-    agent: Agent, *, actor: Actor, include: frozenset[str] = agent_selectors.AGENT_RELATIONSHIPS
-) -> dict[str, Any]:
+def agent_state(agent: Agent, *, actor: Actor, include: frozenset[str] = LEGACY_DEFAULT) -> dict[str, Any]:
     return agent_states([agent], actor=actor, include=include)[0]
 
 
