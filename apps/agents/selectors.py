@@ -164,9 +164,10 @@ def agent_state_list(
     show_hidden: bool = True,
     include: frozenset[str] = AGENT_RELATIONSHIPS,
 ) -> QuerySet[Agent]:
-    """Agents for AgentState lists (with the relationships in `include`); `query_text` matches names case-insensitively; hidden agents (created
-    with `hidden`) only with `show_hidden` (the API's show_hidden_agents, false by default as on Letta).
-    Without their tools: `attach_shared_tools` gives a page theirs."""
+    """Agents for AgentState lists, with the relationships in `include`; `query_text` matches names
+    case-insensitively; hidden agents (created with `hidden`) only with `show_hidden` (the API's
+    show_hidden_agents, false by default as on Letta). Without their tools: `attach_shared_tools` gives a
+    page theirs."""
     qs = agent_state_queryset(actor=actor, tools=False, include=include)
     if not show_hidden:
         qs = qs.filter(hidden=False)
