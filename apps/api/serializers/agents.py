@@ -478,9 +478,8 @@ class AgentStateOut(serializers.Serializer):
         return context.setdefault(name, {})
 
     def _batch(self, agent: Agent) -> list[Agent]:
-        """The agents being rendered with this one (the list's), for lookups made once for all of them."""
-        batch = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
-        return [*(list(batch) if batch is not None else []), agent]
+        """The agents being rendered with this one (agent_states'), for lookups made once for all of them."""
+        return [*self.context.get("batch", ()), agent]
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_identity_ids(self, agent: Agent) -> list[str]:
@@ -582,8 +581,12 @@ def agent_states(
         "nested": Nested(),
         "include": include,
         "actor": actor,
+        "batch": agents,
     }
-    return list(AgentStateOut(agents, many=True, context=context).data)
+    # One serializer for every agent, not DRF's ListSerializer: its child names it as parent, a cycle that
+    # kept the page's agents and lookups alive until the garbage collector's next pass.
+    serializer = AgentStateOut(context=context)
+    return [serializer.to_representation(agent) for agent in agents]
 
 
 def agent_state(agent: Agent, *, actor: Actor, include: frozenset[str] = LEGACY_DEFAULT) -> dict[str, Any]:
