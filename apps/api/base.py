@@ -25,13 +25,13 @@ def _contains_nul(value: Any) -> bool:
     return False
 
 
-def _forget_the_response(response: Response) -> None:
+def _forget_the_response(response: Any) -> None:  # a rendered rest_framework Response
     """Once rendered, a response is its bytes. What named it in cycles is dropped (its renderer context
     names the response itself, and the view keeps it as `view.response`), so it and its data (a list
     page's 330 KB of dicts) are freed when it is sent, not at the garbage collector's next pass, which
     walked them all (bench/scale_bench.py)."""
     view = (response.renderer_context or {}).get("view")
-    if getattr(view, "response", None) is response:
+    if view is not None and getattr(view, "response", None) is response:
         view.response = None
     response.renderer_context = None
 
