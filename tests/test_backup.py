@@ -64,7 +64,9 @@ def test_a_platform_restored_from_a_backup_serves_the_same_agents(
         f"/v1/agents/{agent.id}/core-memory/blocks",
         f"/v1/agents/{agent.id}/archival-memory",
     ]
-    before = {path: original.get(path).json() for path in paths}
+    # Both reads as one pre-1.0 client (httpx's User-Agent): an agent with every relationship, field for field.
+    user_agent = f"python-httpx/{httpx.__version__}"
+    before = {path: original.get(path, HTTP_USER_AGENT=user_agent).json() for path in paths}
     dump = tmp_path / "platform.dump"
 
     backed_up = manage("backup_database", str(dump), database=workers.test_database_url())
@@ -76,7 +78,7 @@ def test_a_platform_restored_from_a_backup_serves_the_same_agents(
     }
     web = WebProcess(env, tmp_path, "restored").wait_ready()
     try:
-        headers = {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": f"Bearer {key}", "User-Agent": user_agent}
         after = {path: httpx.get(f"{web.url}{path}", headers=headers, timeout=30).json() for path in paths}
         llm.push(text("Still here, Sam."))
         turn = httpx.post(
