@@ -54,8 +54,12 @@ def test_the_sdk_gets_only_the_agents_own_fields_unless_it_asks(client, agent):
 
 def test_a_request_with_no_user_agent_is_a_1x_client_as_on_letta(client, agent):
     state = client.get(f"/v1/agents/{agent.id}").json()
+    tool_id = agent.tools.first().id
+    detached = client.patch(f"/v1/agents/{agent.id}/tools/detach/{tool_id}")
 
     assert set(map(len, carried(state).values())) == {0}
+    assert (detached.status_code, detached.content) == (200, b"null")  # as to the SDK
+    assert not agent.tools.filter(id=tool_id).exists()
 
 
 def test_include_names_what_the_sdk_gets(client, agent):
