@@ -24,6 +24,11 @@ application = ProtocolTypeRouter(
 )
 
 
+YOUNG_GENERATION_THRESHOLD = 10_000
+"""Allocations between young collections (CPython's default: 700). A list page builds some 10,000
+objects while it renders; at 700 two young collections walked them all each request."""
+
+
 def _freeze_start_up_objects() -> None:
     """Django, DRF, the views and the app registry live as long as the process: out of the garbage
     collector's walks with them (gc.freeze, after a collection so nothing dead is kept), as a worker does
@@ -36,6 +41,7 @@ def _freeze_start_up_objects() -> None:
     get_resolver().url_patterns  # noqa: B018  (loaded for its imports)
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 
 
 _freeze_start_up_objects()
