@@ -62,12 +62,7 @@ class FixedWindowRateThrottle(SimpleRateThrottle):
         return super().parse_rate(rate)
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        if self.rate is None:
-            return True
-        self.key = self.get_cache_key(request, view)
-        if self.key is None:
-            return True
-        return self.hit() <= self.num_requests
+        return not refused_by([self], request, view)
 
     def _window_key(self) -> str:
         self.now = self.timer()
