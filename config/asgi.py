@@ -29,11 +29,11 @@ YOUNG_GENERATION_THRESHOLD = 10_000
 objects while it renders; at 700 two young collections walked them all each request."""
 
 
-def _freeze_start_up_objects() -> None:
+def _tune_the_garbage_collector() -> None:
     """Django, DRF, the views and the app registry live as long as the process: out of the garbage
     collector's walks with them (gc.freeze, after a collection so nothing dead is kept), as a worker does
     (config/celery.py). A full collection walked them all with every stream's event loop stopped. The
-    URLconf is loaded first: it imports every view."""
+    URLconf is loaded first: it imports every view. Then the young generation's threshold (above)."""
     import gc
 
     from django.urls import get_resolver
@@ -44,4 +44,4 @@ def _freeze_start_up_objects() -> None:
     gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 
 
-_freeze_start_up_objects()
+_tune_the_garbage_collector()
