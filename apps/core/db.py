@@ -8,10 +8,27 @@ from typing import Any, Generic, TypeVar
 
 from django.db import connection, models
 from django.db.models.constants import OnConflict
+from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
 from django.db.models.sql.compiler import SQLInsertCompiler  # the base class: no UNNEST (insert_sql)
+from psycopg import _queries as _psycopg_queries  # private: see cache_wide_statements
 
 M = TypeVar("M", bound=models.Model)
+
+
+WIDE_STATEMENT_PARAMS = 256
+
+
+def cache_wide_statements() -> None:
+    """Let psycopg keep its conversion of statements with up to WIDE_STATEMENT_PARAMS parameters.
+
+    psycopg converts a statement's %s placeholders to $n with a regular expression at every execution
+    unless it has at most 50 parameters (its guard against ORMs' INSERTs of any number of rows), while a
+    step's statements have 60-90 (the step with its messages, the run's LLM call records) in a few
+    shapes, repeated every step: 1.1 ms of a memory turn's CPU (bench/cpu_turn.py). The cache stays
+    psycopg's LRU of 128 statements of at most 4 KB, so a few MB at most."""
+    if _psycopg_queries.MAX_CACHED_STATEMENT_PARAMS < WIDE_STATEMENT_PARAMS:
+        _psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = WIDE_STATEMENT_PARAMS
 
 
 def release_pooled_connection() -> None:
@@ -27,36 +44,64 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     fields: the models' ids are made in Python), as SQL to embed in a larger statement.
 
     Always as VALUES rows (Django's PostgreSQL compiler may choose an UNNEST of one array per column,
-    whose text elements psycopg quotes in Python with client-side binding). Rows whose values are all
-    plain skip the compiler's generality; a model with a database default (messages' sequence) takes
-    Django's own compiler."""
+    whose text elements psycopg quotes in Python with client-side binding). The rows are written here
+    as Django's compiler writes them (pre_save, get_db_prep_save, a field's own placeholder, DEFAULT for
+    a database default, expressions compiled) without its generality, which cost 2.5-3.5 ms of a memory
+    turn's CPU (bench/cpu_turn.py). Rows Django refuses go to its compiler, which raises its error."""
     fields = model._meta.concrete_fields
-    if objs and not any(hasattr(field, "get_placeholder") for field in fields):
-        # Django's compiler, without its generality (~40% of a turn's insert cost): the same pre_save
-        # (defaults, auto_now) and get_db_prep_save per value, "%s" placeholders. A value that is an
-        # expression (a db_default) takes Django's way.
-        params: list[Any] = []
-        for obj in objs:
-            for field in fields:
-                value = field.pre_save(obj, True)
-                if hasattr(value, "resolve_expression"):
-                    break
-                params.append(field.get_db_prep_save(value, connection))
-            else:
-                continue
-            break
-        else:
-            quote = connection.ops.quote_name
-            columns = ", ".join(quote(str(field.column)) for field in fields)
-            row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-            sql = (
-                f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}"
-            )
-            return sql, params
+    rows = _values_rows(model, fields, objs) if objs else None
+    if rows is not None:
+        placeholders, params = rows
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(str(field.column)) for field in fields)
+        return (
+            f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join(placeholders)}",
+            params,
+        )
     query = InsertQuery(model)
     query.insert_values(fields, objs)
     [(sql, values)] = SQLInsertCompiler(query, connection, connection.alias).as_sql()
     return sql, list(values)
+
+
+def _values_rows(
+    model: type[models.Model], fields: Sequence[models.Field[Any, Any]], objs: Sequence[models.Model]
+) -> tuple[list[str], list[Any]] | None:
+    """Each row's `(...)` and the parameters of all rows, as SQLInsertCompiler's prepare_value and
+    field_as_sql make them; None for what Django refuses (an expression reading a column, an aggregate),
+    so that its compiler raises its own error."""
+    made: list[SQLInsertCompiler] = []  # for expressions and fields' own placeholders, made when needed
+
+    def compiler() -> SQLInsertCompiler:
+        if not made:
+            made.append(SQLInsertCompiler(InsertQuery(model), connection, connection.alias))
+        return made[0]
+
+    default_keyword = connection.features.supports_default_keyword_in_insert
+    placeholders: list[str] = []
+    params: list[Any] = []
+    for obj in objs:
+        row: list[str] = []
+        for field in fields:
+            value = field.pre_save(obj, True)
+            if isinstance(value, DatabaseDefault) and default_keyword:
+                row.append("DEFAULT")
+            elif hasattr(value, "resolve_expression"):
+                value = value.resolve_expression(compiler().query, allow_joins=False, for_save=True)
+                if value.contains_column_references or value.contains_aggregate or value.contains_over_clause:
+                    return None
+                sql, expression_params = compiler().compile(value)
+                row.append(sql)
+                params.extend(expression_params)
+            else:
+                value = field.get_db_prep_save(value, connection)
+                get_placeholder = getattr(field, "get_placeholder", None)
+                row.append(
+                    "%s" if get_placeholder is None else get_placeholder(value, compiler(), connection)
+                )
+                params.append(value)
+        placeholders.append("(" + ", ".join(row) + ")")
+    return placeholders, params
 
 
 def upsert_sql(
@@ -67,17 +112,17 @@ def upsert_sql(
     update_fields: list[str],
 ) -> tuple[str, list[Any]]:
     """Django's INSERT ... ON CONFLICT (unique_fields) DO UPDATE SET update_fields of these rows (what
-    bulk_create(update_conflicts=True) sends), as SQL to embed in a larger statement."""
-    field = model._meta.get_field
-    query = InsertQuery(
-        model,
-        on_conflict=OnConflict.UPDATE,
-        update_fields=[field(name) for name in update_fields],
-        unique_fields=[field(name) for name in unique_fields],
+    bulk_create(update_conflicts=True) sends, as insert_sql writes rows), as SQL to embed in a larger
+    statement."""
+    columns = {field.name: field.column for field in model._meta.concrete_fields}
+    sql, params = insert_sql(model, objs)
+    suffix = connection.ops.on_conflict_suffix_sql(
+        model._meta.concrete_fields,
+        OnConflict.UPDATE,
+        [columns[name] for name in update_fields],
+        [columns[name] for name in unique_fields],
     )
-    query.insert_values(model._meta.concrete_fields, objs)
-    [(sql, params)] = SQLInsertCompiler(query, connection, connection.alias).as_sql()  # VALUES: insert_sql
-    return sql, list(params)
+    return f"{sql} {suffix}", params
 
 
 def insert_all(

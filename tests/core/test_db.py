@@ -111,3 +111,119 @@ def test_plain_rows_take_the_short_path_and_store_what_djangos_would(org):
     assert {k: v for k, v in field_values(stored[ours.id]).items() if k not in skip} == {
         k: v for k, v in field_values(stored[theirs.id]).items() if k not in skip
     }
+
+
+def _djangos_insert(model: type[models.Model], objs: list[models.Model], **query_options: object):
+    from django.db.models.sql import InsertQuery
+    from django.db.models.sql.compiler import SQLInsertCompiler
+
+    query = InsertQuery(model, **query_options)
+    query.insert_values(model._meta.concrete_fields, objs)
+    [(sql, params)] = SQLInsertCompiler(query, connection, connection.alias).as_sql()
+    for obj in objs:
+        obj._state.adding = True
+    return sql, list(params)
+
+
+def _comparable(params: list[object]) -> list[object]:
+    """The parameters with the clock's values left out (auto_now) and psycopg's wrappers (bytes, JSON) opened."""
+    import datetime
+
+    return ["now" if isinstance(p, datetime.datetime) else p.obj if hasattr(p, "obj") else p for p in params]
+
+
+def test_rows_with_placeholders_defaults_and_expressions_are_written_as_djangos_compiler_writes_them(org):
+    """A step's arrays and bytes (fields with their own placeholders), a message's database default
+    (DEFAULT) and the system message's nextval expression: the same SQL and values as Django's compiler,
+    which insert_sql no longer runs for them."""
+    from django.db.models import Func, Value
+
+    from apps.agents.models import Step
+    from apps.agents.system_messages import thread_system_message_upsert
+    from apps.core.db import upsert_sql
+
+    agent = AgentFactory(organization=org)
+    step = Step(organization=org, run_id="run-x", agent_id=agent.id, tags=["a", "b"], trace=b"\x00\x01")
+    messages = [
+        MessageFactory.build(organization=org, agent=agent),
+        MessageFactory.build(organization=org, agent=agent, sequence_id=-Func(Value("x"), function="f")),
+    ]
+    for model, objs in ((Step, [step]), (Message, messages)):
+        ours = insert_sql(model, objs)
+        assert ours[0] == _djangos_insert(model, objs)[0]
+        assert _comparable(ours[1]) == _comparable(_djangos_insert(model, objs)[1])
+    assert "DEFAULT" in insert_sql(Message, messages[:1])[0]
+    assert "::varchar(100)[]" in insert_sql(Step, [step])[0]
+
+    from django.db.models.constants import OnConflict
+
+    update = ["content", "text", "model", "updated_at"]
+    ours = upsert_sql(Message, messages[1:], unique_fields=["id"], update_fields=update)
+    theirs = _djangos_insert(
+        Message,
+        messages[1:],
+        on_conflict=OnConflict.UPDATE,
+        update_fields=[Message._meta.get_field(name) for name in update],
+        unique_fields=[Message._meta.get_field("id")],
+    )
+    assert ours[0] == theirs[0]
+    assert _comparable(ours[1]) == _comparable(theirs[1])
+
+    sql, params = thread_system_message_upsert(
+        organization_id=org.id, agent_id=agent.id, conversation_id=None, text="You are kind."
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    stored = Message.objects.for_org(org.id).get(agent=agent, role=Message.Role.SYSTEM)
+    assert stored.text == "You are kind."
+    assert stored.sequence_id < 0
+
+
+def test_an_expression_django_refuses_in_an_insert_is_refused_with_its_error(org):
+    import pytest
+    from django.db.models import F
+
+    from apps.agents.models import Step
+
+    with pytest.raises(ValueError, match="F\\(\\) expressions can only be used to update"):
+        insert_sql(Step, [Step(organization=org, run_id="run-x", agent_id="agent-x", tags=F("tags"))])
+
+
+def test_a_memory_turns_wide_statements_are_converted_once_by_psycopg(make_agent, actor, llm, monkeypatch):
+    """psycopg parses the placeholders of a statement with more than 50 parameters again at every
+    execution unless told otherwise (apps.core.db.cache_wide_statements): a step's inserts have 60-90."""
+    from psycopg import _queries
+
+    from apps.agents.loop.runner import execute_run_streamed
+    from apps.agents.services import MessageIn, run_create
+    from tests.support.scripted_llm import text, tool_call, tool_calls
+
+    agent = make_agent(embedding="")
+
+    def memory_turn(note: str) -> None:
+        llm.push(
+            tool_calls(tool_call("memory_insert", {"label": "human", "new_string": note})), text("Noted.")
+        )
+        run = run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(content=f"Remember {note}")])
+        result = execute_run_streamed(run.id, agent_id=agent.id)
+        assert result is not None
+        assert result.stop_reason == "end_turn"
+
+    memory_turn("likes tea")  # the statements' first conversions
+    widths: list[int] = []
+    parsed: list[bytes] = []
+    for name in ("_query2pg_nocache", "_query2pg_client_nocache"):  # server- and client-side binding
+        convert = getattr(_queries, name)
+        monkeypatch.setattr(
+            _queries, name, lambda query, enc, convert=convert: parsed.append(query) or convert(query, enc)
+        )
+
+    def width(execute, sql, params, many, context):
+        widths.append(len(params or ()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(width):
+        memory_turn("likes green tea")
+
+    assert max(widths) > 50  # the case psycopg leaves out by default
+    assert parsed == []
