@@ -237,7 +237,9 @@ def stream(
 
 class EncodedTrace(dict[str, Any]):
     """A trace dict that also carries its own JSON text (`json_text`), so storing it (Step.trace) does
-    not encode the whole context a second time (~1.4 ms per step at 800 messages)."""
+    not encode the whole context a second time (~1.4 ms per step at 800 messages). The JSON text is the
+    body as sent; the dict's messages may still hold None values the text leaves out (request_body's
+    messages_encoded), so readers take `json_text`."""
 
     json_text: str
 
@@ -269,6 +271,7 @@ def _wire_request(
         logprobs=request.logprobs,
         top_logprobs=request.top_logprobs,
         return_token_ids=request.return_token_ids,
+        messages_encoded=request.messages_json is not None,
     )
     encoded = openai_wire.encode(body, messages_json=request.messages_json)
     extra = {"api_base": endpoint_for_tenants(target.api_base), "timeout": policy.timeout}

@@ -62,10 +62,16 @@ def request_body(
     logprobs: bool | None = None,
     top_logprobs: int | None = None,
     return_token_ids: bool | None = None,
+    messages_encoded: bool = False,
 ) -> dict[str, Any]:
-    """The JSON body of POST {api_base}/chat/completions."""
+    """The JSON body of POST {api_base}/chat/completions. `messages_encoded`: the caller has each
+    message's JSON text (encode's messages_json, written without nulls), so the body keeps the messages
+    as given instead of copying each without its None values (~1.5 us a message, every step)."""
     model = target.litellm_model.removeprefix(WIRE_PREFIX)
-    body: dict[str, Any] = {"model": model, "messages": [_without_nulls(m) for m in messages]}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages if messages_encoded else [_without_nulls(m) for m in messages],
+    }
     params = _provider_params(
         model,
         temperature=temperature,
