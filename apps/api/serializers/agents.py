@@ -6,6 +6,7 @@ a list costs the same number of queries whatever its length.
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Callable, Iterable
 from functools import cached_property
@@ -14,7 +15,8 @@ from typing import Any, cast
 from django.conf import settings
 from django.utils import timezone as django_timezone
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import serializers
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
 
 from apps.agents import selectors as agent_selectors
 from apps.agents.models import Agent, AgentType, StopReason
@@ -310,6 +312,7 @@ class AgentStateOut(serializers.Serializer):
         directly: DRF's per-field machinery (about 45 fields an agent) was half of a list page's CPU."""
         stamp = self._stamp
         last_run = agent.last_run_completion
+        file_limits = self._file_limits(agent)
         return {
             "id": agent.id,
             "name": agent.name,
@@ -343,8 +346,8 @@ class AgentStateOut(serializers.Serializer):
             "message_buffer_autoclear": agent.message_buffer_autoclear,
             "timezone": agent.timezone,
             "hidden": agent.hidden,
-            "max_files_open": self.get_max_files_open(agent),
-            "per_file_view_window_char_limit": self.get_per_file_view_window_char_limit(agent),
+            "max_files_open": int(file_limits.max_files_open),
+            "per_file_view_window_char_limit": int(file_limits.per_file_char_limit),
             "last_run_completion": stamp(last_run) if last_run is not None else None,
             "last_run_duration_ms": agent.last_run_duration_ms,
             "last_stop_reason": self.get_last_stop_reason(agent),
@@ -365,7 +368,18 @@ class AgentStateOut(serializers.Serializer):
         """How the declared DateTimeFields render, with the current timezone read once per response
         (DRF's field looks it up for every value)."""
         zone = django_timezone.get_current_timezone() if settings.USE_TZ else None
-        return serializers.DateTimeField(default_timezone=zone).to_representation
+        drf = serializers.DateTimeField(default_timezone=zone).to_representation
+        if zone is None or api_settings.DATETIME_FORMAT != ISO_8601:
+            return drf
+
+        def stamp(value: Any) -> Any:
+            # DRF's rendering of an aware datetime in ISO 8601, without its per-value lookups.
+            if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+                return drf(value)
+            text = value.astimezone(zone).isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+        return stamp
 
     @cached_property
     def _included(self) -> frozenset[str]:
