@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models.constants import OnConflict
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
@@ -52,16 +52,19 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     rows = _values_rows(model, fields, objs) if objs else None
     if rows is not None:
         placeholders, params = rows
-        quote = connection.ops.quote_name
-        columns = ", ".join(quote(str(field.column)) for field in fields)
-        return (
-            f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {', '.join(placeholders)}",
-            params,
-        )
+        return f"{_insert_into(model)} VALUES {', '.join(placeholders)}", params
     query = InsertQuery(model)
     query.insert_values(fields, objs)
     [(sql, values)] = SQLInsertCompiler(query, connection, connection.alias).as_sql()
     return sql, list(values)
+
+
+@functools.cache
+def _insert_into(model: type[models.Model]) -> str:
+    """`INSERT INTO table (every concrete column)`, quoted once per model."""
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(field.column)) for field in model._meta.concrete_fields)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns})"
 
 
 def _values_rows(
@@ -70,14 +73,15 @@ def _values_rows(
     """Each row's `(...)` and the parameters of all rows, as SQLInsertCompiler's prepare_value and
     field_as_sql make them; None for what Django refuses (an expression reading a column, an aggregate),
     so that its compiler raises its own error."""
+    db = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the proxy looks it up at every use
     made: list[SQLInsertCompiler] = []  # for expressions and fields' own placeholders, made when needed
 
     def compiler() -> SQLInsertCompiler:
         if not made:
-            made.append(SQLInsertCompiler(InsertQuery(model), connection, connection.alias))
+            made.append(SQLInsertCompiler(InsertQuery(model), db, db.alias))
         return made[0]
 
-    default_keyword = connection.features.supports_default_keyword_in_insert
+    default_keyword = db.features.supports_default_keyword_in_insert
     placeholders: list[str] = []
     params: list[Any] = []
     for obj in objs:
@@ -94,11 +98,9 @@ def _values_rows(
                 row.append(sql)
                 params.extend(expression_params)
             else:
-                value = field.get_db_prep_save(value, connection)
+                value = field.get_db_prep_save(value, db)
                 get_placeholder = getattr(field, "get_placeholder", None)
-                row.append(
-                    "%s" if get_placeholder is None else get_placeholder(value, compiler(), connection)
-                )
+                row.append("%s" if get_placeholder is None else get_placeholder(value, compiler(), db))
                 params.append(value)
         placeholders.append("(" + ", ".join(row) + ")")
     return placeholders, params
@@ -154,7 +156,7 @@ def insert_all(
 def mark_saved(objs: Any) -> None:
     """What Django sets on a model instance once its row exists."""
     for obj in objs:
-        obj._state.adding, obj._state.db = False, connection.alias
+        obj._state.adding, obj._state.db = False, DEFAULT_DB_ALIAS
 
 
 class RowReader(Generic[M]):
@@ -185,10 +187,11 @@ class RowReader(Generic[M]):
 
     def instance(self, row: Sequence[Any]) -> M:
         values = list(row[: self.width])
+        db = connections[DEFAULT_DB_ALIAS]  # not the proxy, which looks it up at every use
         for index, converters, column in self._converters:
             for convert in converters:
-                values[index] = convert(values[index], column, connection)
-        return self.model.from_db(connection.alias, self._attnames, values)
+                values[index] = convert(values[index], column, db)
+        return self.model.from_db(DEFAULT_DB_ALIAS, self._attnames, values)
 
 
 @functools.cache
