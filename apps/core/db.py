@@ -46,8 +46,9 @@ def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple
     Always as VALUES rows (Django's PostgreSQL compiler may choose an UNNEST of one array per column,
     whose text elements psycopg quotes in Python with client-side binding). The rows are written here
     as Django's compiler writes them (pre_save, get_db_prep_save, a field's own placeholder, DEFAULT for
-    a database default, expressions compiled) without its generality, which cost 2.5-3.5 ms of a memory
-    turn's CPU (bench/cpu_turn.py). Rows Django refuses go to its compiler, which raises its error."""
+    a database default, expressions compiled) without its generality, which cost, with psycopg's parsing
+    of the statements again (cache_wide_statements), 2.4-3.5 ms of a memory turn's CPU (bench/RESULTS.md).
+    Rows Django refuses go to its compiler, which raises its error."""
     fields = model._meta.concrete_fields
     rows = _values_rows(model, fields, objs) if objs else None
     if rows is not None:
