@@ -1,4 +1,5 @@
-"""apps.core.db.fetch_instances: hand-written SELECTs on hot paths must build what the ORM builds."""
+"""apps.core.db: the hand-written SELECTs (fetch_instances) and INSERTs (insert_sql) of hot paths must read
+and write what the ORM does."""
 
 from django.db import connection, models
 
@@ -88,8 +89,8 @@ def test_a_turns_rows_are_inserted_as_values_and_read_back_unchanged(org):
 
 
 def test_plain_rows_take_the_short_path_and_store_what_djangos_would(org):
-    """Steps have no database default: insert_sql writes them itself (pre_save and get_db_prep_save per
-    value), and the row read back is what Django's own insert stores."""
+    """insert_sql writes a step's row itself (pre_save and get_db_prep_save per value), and the row read
+    back is what Django's own insert stores."""
     from apps.agents.models import Run, Step
     from apps.core.db import insert_all
 
