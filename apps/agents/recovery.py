@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from apps.agents.locks import conversation_is_locked
 from apps.agents.models import Run, StopReason
+from apps.observability import tracing
 from apps.streams.events import end_stream
 from apps.streams.redis_client import get_redis
 
@@ -156,7 +157,8 @@ def enqueue_run(
     only runs older than RUN_LOST_TASK_GRACE, and a sender that dies in between leaves a run whose task is
     queued but unmarked, which recovery enqueues again (a second delivery of a claimed run is a no-op)."""
     args = [run_id] if agent_id is None else [run_id, agent_id, conversation_id]
-    current_app.send_task("agents.execute_run", args=args)
+    with tracing.quiet():  # when exporting: the publish's span, without one of its own for the LPUSH
+        current_app.send_task("agents.execute_run", args=args)
     note_task(run_id, ttl=marker_ttl)
 
 

@@ -24,13 +24,17 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
+from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from apps.observability.tracing import LoopSpan
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +159,7 @@ def flush_pending() -> None:
         raise
 
 
-def count_run(run: Any, spans: list[Any]) -> None:
+def count_run(run: Any, spans: list[LoopSpan]) -> None:
     """A run's execution ended: its status, and from its spans the steps, LLM calls, tokens, tools,
     sandbox calls and errors."""
     batch = Batch()
@@ -192,7 +196,7 @@ def count_run(run: Any, spans: list[Any]) -> None:
                 str(attrs.get("sandbox.backend", "")),
                 str(attrs.get("tool.status", "")),
             )
-        if span.status.status_code.name == "ERROR" and name != "agent.run":
+        if span.status_code is StatusCode.ERROR and name != "agent.run":
             batch.inc("letta_errors", f"{name}:{attrs.get('error.type', 'error')}")
     _record(batch)
 

@@ -1,19 +1,22 @@
 """Trace spans of runs: OpenTelemetry, set up once per process, free when nothing records.
 
-Three modes, decided from settings when a process first asks for its tracer (`configure`):
+Three modes, decided from settings when a process first asks (`configure`):
 - OTEL_EXPORTER_OTLP_ENDPOINT set: a global SDK tracer provider exporting over OTLP/HTTP in batches, and
   the official instrumentations (Django, Celery, psycopg, redis, httpx). Celery carries the trace context
   in the task's headers, so a run is one trace from the web request to the worker. Inside a run's
   execution the instrumentations record only outbound HTTP other than the LLM's (`quiet`: no span per SQL
   statement or Redis command, the loop's spans carry their database time; the LLM request carries the
   `llm.call` span's context itself, `propagation_headers`), and a client call in no trace starts none
-  (`InTraceClients`): what made exporting cost a turn. The run's own spans (the loop's, not the
-  instrumentations': those go to the collector only) are also kept in the platform's store (below).
-- else RUN_TRACES (default) or METRICS_TOKEN: a private SDK provider, never installed globally (so no
-  instrumentation records), that only the agent loop's spans go through: each run's spans are kept in
-  memory until its execution ends, then written in one statement (RunTrace) and counted into the
-  metrics (apps.observability.metrics).
+  (`InTraceClients`): what made exporting cost a turn. The run's own spans are also kept in the
+  platform's store (below).
+- else RUN_TRACES (default) or METRICS_TOKEN: no SDK provider, so no instrumentation records; each run's
+  spans are kept in memory until its execution ends, then written in one statement (RunTrace) and
+  counted into the metrics (apps.observability.metrics).
 - neither: every helper here is a shared null context; nothing is allocated per span.
+
+In a run the loop's spans are LoopSpans, recorded here without the SDK's per-span machinery; when
+exporting, each is handed to the SDK's processors as a ReadableSpan when it ends, and what is sent while
+it is open goes under it (an MCP server's HTTP span, the LLM request's `traceparent`: `_in_open_span`).
 
 Spans carry ids, names, counts and durations only: never a message, a tool's arguments or a secret.
 (The instrumentations' own: SQL without its parameters, Redis commands as `EVALSHA ? ? ?`.) Each stored
@@ -41,9 +44,27 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.utils import _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS_KEY
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    ReadableSpan,
+    SpanLimits,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    TracerProvider,
+)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,52 +81,158 @@ LIMITS = SpanLimits(
 _NULL: contextlib.nullcontext[Span] = contextlib.nullcontext(INVALID_SPAN)
 
 
+class LoopSpan:
+    """One span of the agent loop: ids, times, attributes, status and its own statements, recorded without
+    the SDK's span machinery (a sampler, a lock, validated attributes, context tokens and processors: about
+    280 calls a span, most of what tracing cost a turn). It is its own context manager (`span`); what the
+    exporter needs is made from it when it ends (`_readable`), and the store's row (`loop_row`) is the
+    same as the row of that ReadableSpan (tests/observability/test_span_rows.py)."""
+
+    __slots__ = (
+        "_run",
+        "_token",
+        "attributes",
+        "db_ns",
+        "end_time",
+        "name",
+        "parent_id",
+        "span_id",
+        "start_time",
+        "statements",
+        "status_code",
+        "status_description",
+    )
+
+    def __init__(self, run: RunSpans, name: str, attributes: dict[str, Any], start_time: int = 0) -> None:
+        self.name = name
+        self.span_id = _IDS.generate_span_id()
+        self.parent_id = 0
+        self.start_time = start_time
+        self.end_time = 0
+        self.attributes = attributes
+        self.status_code = StatusCode.UNSET
+        self.status_description = ""
+        self.statements = 0
+        self.db_ns = 0
+        self._run = run
+        self._token: contextvars.Token[LoopSpan | None] | None = None
+
+    # The part of opentelemetry.trace.Span the loop uses (llm_response, ToolSpans).
+    def is_recording(self) -> bool:
+        return True
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: Status) -> None:
+        self.status_code = status.status_code
+        self.status_description = status.description or ""
+
+    def __enter__(self) -> LoopSpan:
+        run = self._run
+        parent = _open.get()
+        self.parent_id = parent.span_id if parent is not None else run.parent_span_id
+        self.start_time = time.time_ns()
+        self._token = _open.set(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is not None:
+            self.status_code = StatusCode.ERROR
+            self.status_description = kind.__name__
+            self.attributes["error.type"] = kind.__name__
+        if self._token is not None:
+            _open.reset(self._token)
+        self._run.end(self)
+
+
 @dataclass
 class RunSpans:
     """What one execution of a run recorded, until it ends."""
 
     run_id: str
     organization_id: str
+    service: str = ""
     trace_id: int = 0
-    spans: list[ReadableSpan] = field(default_factory=list)
+    parent_span_id: int = 0  # the span the run's root is under (the worker's Celery span), when exporting
+    parent_remote: bool = False
+    # Where the run's spans go as they end (the exporter's batch processor), when exporting and the
+    # trace it joins is sampled.
+    export: SpanProcessor | None = None
+    resource: Resource | None = None
+    cap: int = 0
+    spans: list[LoopSpan] = field(default_factory=list)
     dropped: int = 0
     db_statements: int = 0
     db_ns: int = 0
-    db_by_span: dict[int, list[int]] = field(default_factory=dict)  # span id -> [statements, ns]
     # Set by the run's executor when it stores the spans itself, in a statement it runs anyway
     # (`store_statements`): then the end of run_trace does not.
     handed_over: bool = False
 
+    def span(self, name: str, attributes: dict[str, Any]) -> LoopSpan:
+        return LoopSpan(self, name, {k: v for k, v in attributes.items() if v is not None})
+
+    def end(self, span: LoopSpan) -> None:
+        """The span ended (its end time, its own statements as attributes): kept up to the cap (the store's
+        and the metrics'), exported in any case."""
+        span.end_time = span.end_time or time.time_ns()
+        if span.statements:
+            span.attributes["letta.db.statements"] = span.statements
+            span.attributes["letta.db.time_ms"] = round(span.db_ns / 1e6, 3)
+        if len(self.spans) < self.cap:
+            self.spans.append(span)
+        else:
+            self.dropped += 1
+        if self.export is not None:
+            self.export.on_end(_readable(self, span))
+
 
 _current: contextvars.ContextVar[RunSpans | None] = contextvars.ContextVar("run_spans", default=None)
+_open: contextvars.ContextVar[LoopSpan | None] = contextvars.ContextVar("run_open_span", default=None)
+_IDS = RandomIdGenerator()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SCOPE = InstrumentationScope(SCOPE)
+_UNSET = Status(StatusCode.UNSET)
 
 
-class RunSpanCollector(SpanProcessor):
-    """Keeps the loop's finished spans of the run executing in this context (same trace), up to
-    RUN_TRACE_MAX_SPANS; spans of other threads (an LLM call's watchdog) are not the run's. The
-    instrumentations' spans (a span per statement, Redis command, HTTP call) are left to the exporter:
-    storing them doubled the store's work per turn, and their database time is on the loop's spans."""
-
-    def on_end(self, span: ReadableSpan) -> None:
-        collected = _current.get()
-        if (
-            collected is None
-            or span.context is None
-            or span.context.trace_id != collected.trace_id
-            or span.instrumentation_scope is None
-            or span.instrumentation_scope.name != SCOPE
-        ):
-            return
-        if len(collected.spans) < settings.RUN_TRACE_MAX_SPANS:
-            collected.spans.append(span)
-        else:
-            collected.dropped += 1
-
-    def shutdown(self) -> None:
+def _in_open_span(context: otel_context.Context | None = None) -> otel_context.Context | None:
+    """`context` (default: the current one) with this context's open LoopSpan as its span, when its run is
+    exported; None otherwise. Made only where something needs it (an outbound request's `traceparent`, an
+    MCP server's HTTP span), not at every span."""
+    current = _open.get()
+    if current is None or current._run.export is None:
         return None
+    own = SpanContext(current._run.trace_id, current.span_id, False, _SAMPLED)
+    return trace.set_span_in_context(NonRecordingSpan(own), context)
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+
+def _readable(run: RunSpans, span: LoopSpan) -> ReadableSpan:
+    """The span as the SDK's exporters take it. Its attributes are the loop's own (str, bool, int, float
+    and lists of str, at most a dozen), so only the SDK's length bound is applied to them."""
+    trace_id = run.trace_id
+    if not span.parent_id:
+        parent = None
+    else:
+        remote = run.parent_remote and span.parent_id == run.parent_span_id
+        parent = SpanContext(trace_id, span.parent_id, remote, _SAMPLED)
+    status = (
+        _UNSET if span.status_code is StatusCode.UNSET else Status(span.status_code, span.status_description)
+    )
+    return ReadableSpan(
+        name=span.name,
+        context=SpanContext(trace_id, span.span_id, False, _SAMPLED),
+        parent=parent,
+        resource=run.resource,
+        attributes={
+            key: value[:ATTRIBUTE_MAX_CHARS] if type(value) is str else value
+            for key, value in span.attributes.items()
+        },
+        kind=SpanKind.INTERNAL,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=_SCOPE,
+    )
 
 
 class InTraceClients(Sampler):
@@ -139,8 +266,12 @@ class InTraceClients(Sampler):
 
 @dataclass
 class Telemetry:
-    tracer: Tracer | None  # None: nothing records
+    recording: bool  # the loop's spans are recorded (stored, counted or exported); False: nothing is
+    resource: Resource | None = None
+    # When exporting: the global SDK provider, its tracer (spans outside a run) and its processors.
+    tracer: Tracer | None = None
     provider: TracerProvider | None = None
+    processors: SynchronousMultiSpanProcessor | None = None
     exporting: bool = False
 
 
@@ -162,25 +293,36 @@ def configure(service_name: str | None = None) -> Telemetry:
         endpoint = settings.OTEL_EXPORTER_OTLP_ENDPOINT
         recording = settings.RUN_TRACES or bool(settings.METRICS_TOKEN)
         if not endpoint and not recording:
-            _state = Telemetry(tracer=None)
+            _state = Telemetry(recording=False)
+            return _state
+        resource = Resource.create({"service.name": service_name or settings.OTEL_SERVICE_NAME})
+        if not endpoint:  # the loop's spans need no SDK: nothing else records
+            _state = Telemetry(recording=True, resource=resource)
             return _state
         # The SDK logs a warning for every attribute it truncates to ATTRIBUTE_MAX_CHARS, which with the
         # psycopg instrumentation is most SQL statements: a log line per statement.
         logging.getLogger("opentelemetry.attributes").setLevel(logging.ERROR)
-        resource = Resource.create({"service.name": service_name or settings.OTEL_SERVICE_NAME})
-        provider = TracerProvider(
-            resource=resource, span_limits=LIMITS, sampler=InTraceClients() if endpoint else None
-        )
-        if endpoint:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        provider.add_span_processor(RunSpanCollector())
-        if endpoint:
-            trace.set_tracer_provider(provider)
-            instrument()
-        _state = Telemetry(tracer=provider.get_tracer(SCOPE), provider=provider, exporting=bool(endpoint))
+        processors = SynchronousMultiSpanProcessor()
+        provider = TracerProvider(
+            resource=resource,
+            span_limits=LIMITS,
+            sampler=InTraceClients(),
+            active_span_processor=processors,
+        )
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        instrument()
+        _state = Telemetry(
+            recording=True,
+            resource=resource,
+            tracer=provider.get_tracer(SCOPE),
+            provider=provider,
+            processors=processors,
+            exporting=True,
+        )
         return _state
 
 
@@ -240,22 +382,25 @@ def uninstrument() -> None:
 
 
 def reset_for_tests() -> None:
-    """Forget this process's set-up (tests that switch modes)."""
+    """Forget this process's set-up (tests that switch modes). An exporting provider is the global one:
+    whoever installed it shuts it down."""
     global _state
     with _lock:
-        if _state is not None and _state.provider is not None and not _state.exporting:
-            _state.provider.shutdown()
         _state = None
 
 
 # --- spans of the agent loop -------------------------------------------------------------------------
 
 
-def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
-    """A child of the current span for the block; a shared null context when nothing records or no run
-    is being traced in this context. A failure marks the span as an error with its type (no message)."""
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span | LoopSpan]:
+    """A child of the current span for the block: in a run being traced, a LoopSpan of the run; outside
+    one, the SDK's span when exporting (a trace of the web request's, say), else a shared null context.
+    A failure marks the span as an error with its type (no message)."""
+    collected = _current.get()
+    if collected is not None:
+        return collected.span(name, attributes)
     tracer = telemetry().tracer
-    if tracer is None or (_current.get() is None and not telemetry().exporting):
+    if tracer is None:
         return _NULL
     return _span(tracer, name, attributes)
 
@@ -271,20 +416,6 @@ def _span(tracer: Tracer, name: str, attributes: dict[str, Any]) -> Iterator[Spa
             current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             current.set_attribute("error.type", type(exc).__name__)
             raise
-        finally:
-            _db_attributes(current)
-
-
-def _db_attributes(current: Span) -> None:
-    """The statements run directly in this span (not in its children) and their time, on the span
-    itself before it ends, so the collector has them as well as the store."""
-    collected = _current.get()
-    if collected is None:
-        return
-    counts = collected.db_by_span.get(current.get_span_context().span_id)
-    if counts is not None:
-        current.set_attribute("letta.db.statements", counts[0])
-        current.set_attribute("letta.db.time_ms", round(counts[1] / 1e6, 3))
 
 
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -296,35 +427,41 @@ def run_trace(run: Any) -> Iterator[RunSpans | None]:
     """Around one execution of a claimed run: its root span `agent.run`, a `run.queue_wait` span from the
     run's creation to its claim, the statements and database time of the execution; at the end its
     spans are stored (one statement, unless the executor took them over: `RunSpans.handed_over`) and
-    counted in the metrics (one Redis round trip). Yields what it collects (None when nothing records)."""
-    tracer = telemetry().tracer
-    if tracer is None:
+    counted in the metrics (one Redis round trip). When exporting, the root is a child of the current
+    span (the worker's Celery span: one trace from the web request), and every span goes to the exporter
+    as it ends. Yields what it collects (None when nothing records)."""
+    state = telemetry()
+    if not state.recording:
         yield None
         return
-    collected = RunSpans(run_id=run.id, organization_id=run.organization_id)
+    collected = RunSpans(
+        run_id=run.id,
+        organization_id=run.organization_id,
+        service=str(state.resource.attributes.get("service.name", "")) if state.resource else "",
+        resource=state.resource,
+        cap=settings.RUN_TRACE_MAX_SPANS,
+    )
+    parent = trace.get_current_span().get_span_context() if state.exporting else None
+    if parent is not None and parent.is_valid:
+        collected.trace_id, collected.parent_span_id = parent.trace_id, parent.span_id
+        collected.parent_remote = parent.is_remote
+        if parent.trace_flags.sampled:  # the trace it joins was sampled upstream: so is the run
+            collected.export = state.processors
+    else:
+        collected.trace_id = _IDS.generate_trace_id()
+        collected.export = state.processors
     token = _current.set(collected)
     try:
-        with tracer.start_as_current_span(
-            "agent.run",
-            attributes={"letta.run_id": run.id, "letta.agent_id": run.agent_id},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as root:
-            collected.trace_id = root.get_span_context().trace_id
-            _queue_wait(tracer, run)
+        with collected.span("agent.run", {"letta.run_id": run.id, "letta.agent_id": run.agent_id}) as root:
+            _queue_wait(collected, run)
             try:
                 with connection.execute_wrapper(_db_timer(collected)), quiet():
                     yield collected
-            except BaseException as exc:
-                root.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                root.set_attribute("error.type", type(exc).__name__)
-                raise
             finally:
-                root.set_attribute("letta.status", str(run.status))
-                root.set_attribute("letta.stop_reason", str(run.stop_reason or ""))
-                root.set_attribute("db.statements", collected.db_statements)
-                root.set_attribute("db.time_ms", round(collected.db_ns / 1e6, 3))
-                _db_attributes(root)
+                root.attributes["letta.status"] = str(run.status)
+                root.attributes["letta.stop_reason"] = str(run.stop_reason or "")
+                root.attributes["db.statements"] = collected.db_statements
+                root.attributes["db.time_ms"] = round(collected.db_ns / 1e6, 3)
                 if run.status == "failed":
                     root.set_status(Status(StatusCode.ERROR, str(run.stop_reason)))
     finally:
@@ -332,17 +469,21 @@ def run_trace(run: Any) -> Iterator[RunSpans | None]:
         _finish(collected, run)
 
 
-def _queue_wait(tracer: Tracer, run: Any) -> None:
+def _queue_wait(collected: RunSpans, run: Any) -> None:
     created, started = getattr(run, "created_at", None), getattr(run, "started_at", None)
     if not (created and started) or started < created:
         return
-    queued = tracer.start_span("run.queue_wait", start_time=_ns(created))
-    queued.end(end_time=_ns(started))
+    queued = LoopSpan(collected, "run.queue_wait", {}, start_time=_ns(created))
+    root = _open.get()
+    queued.parent_id = root.span_id if root is not None else 0
+    queued.end_time = _ns(started)
+    collected.end(queued)
 
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Around a run's execution in a worker (its claim, its turn, its stream's end), when exporting: the
+    """Around a run's execution in a worker (its claim, its turn, its stream's end) and the publish of its
+    task (apps.agents.recovery.enqueue_run: Celery's span, not the broker command's), when exporting: the
     instrumentations record nothing there but outbound HTTP (`_outbound`). A span per SQL statement and
     Redis command (~25 a turn, one per streamed delta) was most of what OTLP cost a turn; the run's
     database time is on the loop's spans instead (`letta.db.*`, each span's own statements), so the
@@ -365,7 +506,7 @@ def propagation_headers() -> dict[str, str]:
     if _state is None or not _state.exporting:
         return {}
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    propagate.inject(carrier, context=_in_open_span())
     return carrier
 
 
@@ -380,7 +521,7 @@ def _outbound(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
     that already carries the trace context (`propagation_headers`) stays quiet."""
     if not otel_context.get_value(_SUPPRESS_KEY) or _carries_context(args, kwargs):
         return wrapped(*args, **kwargs)
-    token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
+    token = otel_context.attach(_unsuppressed())
     try:
         return wrapped(*args, **kwargs)
     finally:
@@ -390,11 +531,17 @@ def _outbound(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any
 async def _outbound_async(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
     if not otel_context.get_value(_SUPPRESS_KEY) or _carries_context(args, kwargs):
         return await wrapped(*args, **kwargs)
-    token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, False))
+    token = otel_context.attach(_unsuppressed())
     try:
         return await wrapped(*args, **kwargs)
     finally:
         otel_context.detach(token)
+
+
+def _unsuppressed() -> otel_context.Context:
+    """The current context with the instrumentations on, under the open LoopSpan (`_outbound`)."""
+    context = otel_context.set_value(_SUPPRESS_KEY, False)
+    return _in_open_span(context) or context
 
 
 def _ns(moment: datetime) -> int:
@@ -402,11 +549,10 @@ def _ns(moment: datetime) -> int:
 
 
 def _db_timer(collected: RunSpans) -> Callable[..., Any]:
-    """Counts and times each statement of the run into the span it runs in (`letta.db.*`)."""
-    by_span = collected.db_by_span
+    """Counts and times each statement of the run into the loop span it runs in (`letta.db.*`)."""
 
     def timed(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        current = trace.get_current_span().get_span_context().span_id
+        current = _open.get()
         started = time.perf_counter_ns()
         try:
             return execute(sql, params, many, context)
@@ -414,12 +560,9 @@ def _db_timer(collected: RunSpans) -> Callable[..., Any]:
             elapsed = time.perf_counter_ns() - started
             collected.db_statements += 1
             collected.db_ns += elapsed
-            counts = by_span.get(current)
-            if counts is None:
-                by_span[current] = [1, elapsed]
-            else:
-                counts[0] += 1
-                counts[1] += elapsed
+            if current is not None:
+                current.statements += 1
+                current.db_ns += elapsed
 
     return timed
 
@@ -454,11 +597,12 @@ def store_statements(collected: RunSpans | None) -> list[tuple[str, list[Any]]]:
 
 
 def _stored(collected: RunSpans) -> dict[str, Any]:
+    trace_id = format(collected.trace_id, "032x")
     return {
         "run_id": collected.run_id,
         "organization_id": collected.organization_id,
-        "trace_id": format(collected.trace_id, "032x"),
-        "spans": [stored_row(s) for s in collected.spans],
+        "trace_id": trace_id,
+        "spans": [loop_row(s, trace_id, collected.service) for s in collected.spans],
         "dropped": collected.dropped,
     }
 
@@ -567,6 +711,28 @@ def stored_row(span: ReadableSpan) -> dict[str, Any]:
     return row
 
 
+def loop_row(span: LoopSpan, trace_id: str, service: str) -> dict[str, Any]:
+    """`stored_row` of the span's ReadableSpan (`_readable`), from the LoopSpan itself."""
+    start = span.start_time
+    row: dict[str, Any] = {
+        "Timestamp": datetime.fromtimestamp(start / 1e9, UTC).isoformat(),
+        "TraceId": trace_id,
+        "SpanId": format(span.span_id, "016x"),
+        "SpanName": span.name,
+        "SpanKind": "Internal",
+        "ServiceName": service,
+        "ScopeName": SCOPE,
+        "SpanAttributes": _strings(span.attributes),
+        "Duration": max(0, span.end_time - start),
+        "StatusCode": _STATUS[span.status_code],
+    }
+    if span.parent_id:
+        row["ParentSpanId"] = format(span.parent_id, "016x")
+    if span.status_description:
+        row["StatusMessage"] = span.status_description[:ATTRIBUTE_MAX_CHARS]
+    return row
+
+
 def expand(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored span in Letta's full shape."""
     row = {**EMPTY_DEFAULTS, **stored}
@@ -591,7 +757,7 @@ def _strings(attributes: Any) -> dict[str, str]:
 # --- helpers for the loop's LLM and tool calls -------------------------------------------------------
 
 
-def llm_response(current: Span, response: Any) -> None:
+def llm_response(current: Span | LoopSpan, response: Any) -> None:
     """What an LLM call's span says of its answer: tokens, finish reason, attempts, latency."""
     if not current.is_recording():
         return
@@ -605,7 +771,7 @@ def llm_response(current: Span, response: Any) -> None:
 class ToolSpans:
     """A tool call's span, with its `memory.edit` (memory tools) or `sandbox.run` (custom tools) child."""
 
-    def __init__(self, outer: Span, inner: Span | None) -> None:
+    def __init__(self, outer: Span | LoopSpan, inner: Span | LoopSpan | None) -> None:
         self.outer, self.inner = outer, inner
 
     def done(self, result: Any) -> None:
@@ -624,7 +790,7 @@ class ToolSpans:
 @contextlib.contextmanager
 def tool_spans(name: str, tool_type: str, *, memory: bool) -> Iterator[ToolSpans]:
     """Around one tool call's execution (built-in, MCP or sandboxed)."""
-    if telemetry().tracer is None or (_current.get() is None and not telemetry().exporting):
+    if _current.get() is None and telemetry().tracer is None:
         yield ToolSpans(INVALID_SPAN, None)
         return
     attributes = {"tool.name": name, "tool.type": tool_type}

@@ -136,6 +136,7 @@ def test_tracing_off_records_nothing_and_its_helpers_are_one_shared_null_context
 
         assert result.stop_reason == "end_turn"
         assert not RunTrace.all_objects.filter(run_id=result.run.id).exists()
+        assert not tracing.telemetry().recording
         assert tracing.telemetry().tracer is None
         assert tracing.span("agent.step") is tracing.span("llm.call")
     finally:

@@ -53,3 +53,41 @@ def test_the_stored_row_is_the_compact_span_row_and_expands_back():
     assert attributes["letta.memory_changed"] == "true"
     assert attributes["gen_ai.response.finish_reasons"] == '["stop"]'
     assert len(attributes["db.statement"]) == tracing.ATTRIBUTE_MAX_CHARS
+
+
+def test_a_loop_spans_stored_row_is_the_row_of_the_span_the_exporter_is_given():
+    run = tracing.RunSpans(
+        run_id="run-1",
+        organization_id="org-1",
+        service="letta-worker",
+        resource=Resource.create({"service.name": "letta-worker"}),
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        parent_span_id=0xB7AD6B7169203331,
+        cap=10,
+    )
+    with run.span("agent.run", {"letta.run_id": "run-1", "letta.memory_changed": True}) as root:
+        with run.span("llm.call", {"gen_ai.response.finish_reasons": ["stop"], "none": None}) as child:
+            child.set_attribute("db.statement", "SELECT " + "x, " * 200)
+            child.set_status(Status(StatusCode.ERROR, "RateLimitError"))
+        try:
+            with run.span("tool.call", {"tool.name": "memory_replace"}):
+                raise KeyError("the tool's own words")
+        except KeyError:
+            pass
+    trace_id = format(run.trace_id, "032x")
+
+    assert [s.name for s in run.spans] == ["llm.call", "tool.call", "agent.run"]
+    for span in run.spans:
+        readable = tracing._readable(run, span)
+        assert tracing.loop_row(span, trace_id, run.service) == tracing.compact(tracing.span_row(readable))
+    rows = {s.name: tracing.loop_row(s, trace_id, run.service) for s in run.spans}
+    assert rows["agent.run"]["ParentSpanId"] == format(run.parent_span_id, "016x")
+    assert (
+        rows["llm.call"]["ParentSpanId"] == rows["tool.call"]["ParentSpanId"] == format(root.span_id, "016x")
+    )
+    assert "none" not in rows["llm.call"]["SpanAttributes"]
+    assert len(rows["llm.call"]["SpanAttributes"]["db.statement"]) == tracing.ATTRIBUTE_MAX_CHARS
+    assert (rows["llm.call"]["StatusCode"], rows["llm.call"]["StatusMessage"]) == ("Error", "RateLimitError")
+    # A failure is an error with its type, never its message.
+    assert rows["tool.call"]["SpanAttributes"]["error.type"] == "KeyError"
+    assert "the tool's own words" not in str(rows)
