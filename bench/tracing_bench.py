@@ -18,6 +18,7 @@ the cost = mode - off (per round, then median). Also the cost of one span helper
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -252,12 +253,25 @@ def trace_path_us(actor: Any, agent_id: str, *, mode: str, otlp_url: str, repeat
 
 def unit_costs_us(otlp_url: str, *, batch: int = 200, batches: int = 7) -> dict[str, Any]:
     """CPU (this process, all threads: the exporter's encoding and sending included, flushed) of one SQL
-    statement, one Redis command and one loop span, inside a loop span, with OTLP and every
+    statement and one Redis command inside a span where the instrumentations record (outside a run's
+    execution: a web request's), and of one loop span in a run's trace, with OTLP and every
     instrumentation on, minus the same with tracing off; the least of `batches` batches (the machine's
     other load only ever adds). With the spans per turn (span_counts), what each piece costs a turn."""
+    from types import SimpleNamespace
+
     from apps.agents.models import Agent
     from apps.observability import tracing
     from apps.streams.redis_client import get_redis
+
+    run = SimpleNamespace(  # no such run: its spans' INSERT stores nothing (once a batch)
+        id="run-bench-unit",
+        organization_id="org-bench-unit",
+        agent_id="agent-bench-unit",
+        created_at=None,
+        started_at=None,
+        status="completed",
+        stop_reason="end_turn",
+    )
 
     def run_sql() -> None:  # an agent's row: a statement as long as a turn's (over 256 characters)
         list(Agent.all_objects.filter(id="agent-none")[:1])
@@ -278,7 +292,8 @@ def unit_costs_us(otlp_url: str, *, batch: int = 200, batches: int = 7) -> dict[
             unit()
             for _ in range(batches):
                 started = time.process_time()
-                with tracing.span("agent.step"):
+                around = tracing.run_trace(run) if unit is run_span else contextlib.nullcontext()
+                with around, tracing.span("agent.step"):
                     for _ in range(batch):
                         unit()
                 if provider is not None:
