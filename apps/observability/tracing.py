@@ -441,8 +441,12 @@ def run_trace(run: Any) -> Iterator[RunSpans | None]:
         resource=state.resource,
         cap=settings.RUN_TRACE_MAX_SPANS,
     )
-    parent = trace.get_current_span().get_span_context() if state.exporting else None
-    if parent is not None and parent.is_valid:
+    outer = _open.get()  # a run executed in another run's tool call (agent messaging): in its trace
+    parent = trace.get_current_span().get_span_context() if state.exporting and outer is None else None
+    if outer is not None:
+        collected.trace_id, collected.parent_span_id = outer._run.trace_id, outer.span_id
+        collected.export = outer._run.export
+    elif parent is not None and parent.is_valid:
         collected.trace_id, collected.parent_span_id = parent.trace_id, parent.span_id
         collected.parent_remote = parent.is_remote
         if parent.trace_flags.sampled:  # the trace it joins was sampled upstream: so is the run
@@ -553,6 +557,8 @@ def _db_timer(collected: RunSpans) -> Callable[..., Any]:
 
     def timed(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         current = _open.get()
+        if current is None or current._run is not collected:  # a run executed inside this one counts its own
+            return execute(sql, params, many, context)
         started = time.perf_counter_ns()
         try:
             return execute(sql, params, many, context)
@@ -560,9 +566,8 @@ def _db_timer(collected: RunSpans) -> Callable[..., Any]:
             elapsed = time.perf_counter_ns() - started
             collected.db_statements += 1
             collected.db_ns += elapsed
-            if current is not None:
-                current.statements += 1
-                current.db_ns += elapsed
+            current.statements += 1
+            current.db_ns += elapsed
 
     return timed
 

@@ -270,3 +270,37 @@ def test_a_traced_run_stores_its_spans_with_its_step_traces_in_no_statement_of_i
     assert statements[True] == statements[False]
     [row] = RunTrace.all_objects.filter(run_id=result.run.id)
     assert {"agent.run", "agent.persist", "memory.edit"} <= {s["SpanName"] for s in row.spans}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_executed_inside_another_runs_tool_call_is_in_its_trace_under_that_call(
+    traces_on, make_agent, send, llm
+):
+    wait = "send_message_to_agent_and_wait_for_reply"
+    asker = make_agent(name="Asker", embedding="", tools=[wait])
+    oracle = make_agent(name="Oracle", embedding="")
+    llm.push(
+        tool_calls(tool_call(wait, {"message": "What is 2+2?", "other_agent_id": oracle.id})),
+        text("Four.", when_last_user_contains="Incoming message from agent with ID"),
+        text("The oracle says four."),
+    )
+
+    result = send(asker, "ask the oracle")
+
+    outer = RunTrace.all_objects.get(run_id=result.run.id)
+    inner_run = Run.all_objects.get(agent_id=oracle.id)
+    inner = RunTrace.all_objects.get(run_id=inner_run.id)
+    [call] = [s for s in outer.spans if s["SpanName"] == "tool.call"]
+    [inner_root] = [s for s in inner.spans if s["SpanName"] == "agent.run"]
+    # The oracle's run was executed in the asker's tool call (this worker's thread): one trace, its root
+    # under that call, as a collector shows them; each run's own spans stay in its own stored trace.
+    assert inner.trace_id == outer.trace_id
+    assert inner_root["ParentSpanId"] == call["SpanId"]
+    assert {s["SpanAttributes"].get("letta.run_id") for s in inner.spans} - {None} == {inner_run.id}
+    assert not {s["SpanId"] for s in inner.spans} & {s["SpanId"] for s in outer.spans}
+    # Each run's statements are its own: its spans' add up to its root's total.
+    for stored in (outer, inner):
+        [root] = [s for s in stored.spans if s["SpanName"] == "agent.run"]
+        assert sum(int(s["SpanAttributes"].get("letta.db.statements", 0)) for s in stored.spans) == int(
+            root["SpanAttributes"]["db.statements"]
+        )
