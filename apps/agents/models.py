@@ -421,6 +421,12 @@ class Message(OrgOwnedModel):
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:60]}"
 
+    @property
+    def is_approval_request(self) -> bool:
+        """An approval message asking for a decision on its tool calls (not a decision: that one has
+        `approvals`). The last in-context one of a thread awaits its decision."""
+        return self.role == Message.Role.APPROVAL and bool(self.tool_calls)
+
 
 class ManagerType(models.TextChoices):
     """Letta's group patterns (schemas/group.py). voice_sleeptime and swarm are stored names only: a group

@@ -117,7 +117,7 @@ def pending_approvals_by_agent(agents: Sequence[Agent]) -> dict[str, Message]:
     if not last:
         return {}
     found = Message.all_objects.filter(id__in=list(last), role=Message.Role.APPROVAL)
-    return {last[message.id]: message for message in found if message.tool_calls}
+    return {last[message.id]: message for message in found if message.is_approval_request}
 
 
 def attach_shared_tools(agents: Sequence[Agent]) -> None:

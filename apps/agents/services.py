@@ -855,9 +855,7 @@ def pending_approval(*, agent: Agent, conversation: Conversation | None) -> Mess
     if not ids:
         return None
     last = Message.all_objects.filter(id=ids[-1]).first()
-    if last is not None and last.role == Message.Role.APPROVAL and last.tool_calls:
-        return last
-    return None
+    return last if last is not None and last.is_approval_request else None
 
 
 def pending_approval_for(*, agent: Agent, conversation: Conversation | None, request_id: str) -> Message:

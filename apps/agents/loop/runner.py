@@ -666,7 +666,7 @@ def compact_thread(
             raise InvalidInput(NO_IN_CONTEXT_MESSAGES)
         if mode in COMPACT_ALL_MODES:
             last = state.in_context[-1]
-            pending = last.role == Message.Role.APPROVAL and bool(last.tool_calls)
+            pending = last.is_approval_request
             evict = state.in_context[:-1] if pending else list(state.in_context)
         else:
             evict = _messages_to_compact(state)
@@ -682,7 +682,7 @@ def compact_thread(
 
 
 def _budget_role(message: Message) -> str:
-    if message.role == Message.Role.APPROVAL and message.tool_calls:
+    if message.is_approval_request:
         return "assistant"
     return {"summary": "user", "system": "user", "approval": "user"}.get(message.role, message.role)
 
@@ -863,9 +863,7 @@ def _resume_pending_approval(state: LoopState) -> None:
     if not response_id:
         return
     response = next((m for m in state.in_context if m.id == response_id), None)
-    request = next(
-        (m for m in reversed(state.in_context) if m.role == Message.Role.APPROVAL and m.tool_calls), None
-    )
+    request = next((m for m in reversed(state.in_context) if m.is_approval_request), None)
     if response is None or request is None:
         raise StopRun(StopReason.ERROR, "The approval request to resume was not found in context.")
     decisions = {d["tool_call_id"]: d for d in response.approvals or []}
