@@ -152,7 +152,6 @@ class RunSpans:
 
     run_id: str
     organization_id: str
-    service: str = ""
     trace_id: int = 0
     parent_span_id: int = 0  # the span the run's root is under (the worker's Celery span), when exporting
     parent_remote: bool = False
@@ -169,8 +168,12 @@ class RunSpans:
     # (`store_statements`): then the end of run_trace does not.
     handed_over: bool = False
 
+    @property
+    def service(self) -> str:
+        return str(self.resource.attributes.get("service.name", "")) if self.resource else ""
+
     def span(self, name: str, attributes: dict[str, Any]) -> LoopSpan:
-        return LoopSpan(self, name, {k: v for k, v in attributes.items() if v is not None})
+        return LoopSpan(self, name, _clean(attributes))
 
     def end(self, span: LoopSpan) -> None:
         """The span ended (its end time, its own statements as attributes): kept up to the cap (the store's
@@ -427,9 +430,9 @@ def run_trace(run: Any) -> Iterator[RunSpans | None]:
     """Around one execution of a claimed run: its root span `agent.run`, a `run.queue_wait` span from the
     run's creation to its claim, the statements and database time of the execution; at the end its
     spans are stored (one statement, unless the executor took them over: `RunSpans.handed_over`) and
-    counted in the metrics (one Redis round trip). When exporting, the root is a child of the current
-    span (the worker's Celery span: one trace from the web request), and every span goes to the exporter
-    as it ends. Yields what it collects (None when nothing records)."""
+    counted in the metrics (one Redis round trip). The root is a child of the open span of a run that
+    executes this one in a tool call (agent messaging), else, when exporting, of the current span (the
+    worker's Celery span: one trace from the web request); every span goes to the exporter as it ends. Yields what it collects (None when nothing records)."""
     state = telemetry()
     if not state.recording:
         yield None
@@ -437,7 +440,6 @@ def run_trace(run: Any) -> Iterator[RunSpans | None]:
     collected = RunSpans(
         run_id=run.id,
         organization_id=run.organization_id,
-        service=str(state.resource.attributes.get("service.name", "")) if state.resource else "",
         resource=state.resource,
         cap=settings.RUN_TRACE_MAX_SPANS,
     )

@@ -59,7 +59,6 @@ def test_a_loop_spans_stored_row_is_the_row_of_the_span_the_exporter_is_given():
     run = tracing.RunSpans(
         run_id="run-1",
         organization_id="org-1",
-        service="letta-worker",
         resource=Resource.create({"service.name": "letta-worker"}),
         trace_id=0x0AF7651916CD43DD8448EB211C80319C,
         parent_span_id=0xB7AD6B7169203331,
