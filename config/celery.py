@@ -1,4 +1,6 @@
 import os
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from celery import Celery
 from celery.signals import (
@@ -12,8 +14,39 @@ from celery.signals import (
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+
+class DjangoCelerySettings(Mapping[str, Any]):
+    """Django's CELERY_* settings as a plain mapping, read once when Celery first needs its configuration.
+
+    Celery reads its configuration at every publish and every task (~10 keys each, several spellings of a
+    key tried in turn); from `django.conf:settings` each miss is an AttributeError raised through Django's
+    LazySettings, ~18 us a key on these machines against ~7 from a mapping (bench/RESULTS.md, 2026-12-07).
+    Settings are fixed once Django has started, so the snapshot is the same configuration."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] | None = None
+
+    def _read(self) -> dict[str, Any]:
+        if self._values is None:
+            from django.conf import settings
+
+            self._values = {
+                name: getattr(settings, name) for name in dir(settings) if name.startswith("CELERY_")
+            }
+        return self._values
+
+    def __getitem__(self, key: str) -> Any:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+
 app = Celery("letta_django")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+app.config_from_object(DjangoCelerySettings(), namespace="CELERY")
 app.autodiscover_tasks()
 
 

@@ -239,6 +239,9 @@ CHANNEL_LAYERS = {
 # Celery: see README "Workers" for why these values (crash safety, fairness).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = None
+# kombu's Redis transport with one Redis client per channel instead of one per command (config/broker.py);
+# other brokers (rediss://, sentinel://, amqp://...) get kombu's own transport for their scheme.
+CELERY_BROKER_TRANSPORT = "config.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
