@@ -4,7 +4,7 @@ from django.db import models
 
 from apps.core.crypto import EncryptedTextField
 from apps.core.ids import ID_MAX_LENGTH, new_id, new_provider_id
-from apps.core.models import OrgOwnedModel
+from apps.core.models import CompressedTextField, OrgOwnedModel
 
 
 class Provider(OrgOwnedModel):
@@ -60,8 +60,8 @@ class LlmCall(OrgOwnedModel):
     endpoint = models.CharField(max_length=500, blank=True, default="", help_text="As a tenant may see it.")
     streamed = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SUCCESS)
-    request_body = models.TextField(blank=True, default="")
-    response_body = models.TextField(blank=True, default="")
+    request_body = CompressedTextField(blank=True, default="")
+    response_body = CompressedTextField(blank=True, default="")
     truncated = models.BooleanField(default=False, help_text="A body was longer than LLM_RECORD_MAX_BYTES.")
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
