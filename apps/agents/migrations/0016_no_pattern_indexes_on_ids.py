@@ -3,7 +3,7 @@
 On PostgreSQL Django gives every indexed varchar column (each primary key and foreign key here: ids are
 varchar) a second index for `LIKE 'prefix%'`, which nothing asks of an id. A turn inserts a run, its
 steps, messages, LLM call records and its trace and updates some of them, so every row paid for 4-6 extra
-b-tree entries: 9-26 us of PostgreSQL CPU a row, ~8-15% of a single-row insert (bench/RESULTS.md,
+b-tree entries: 9-26 us of PostgreSQL CPU a row, 7-13% of a single-row insert (bench/RESULTS.md,
 2026-12-07), and their disk and WAL. tests/agents/test_pattern_indexes.py keeps them gone. Reversible:
 Django's own index names come back.
 """
@@ -24,28 +24,16 @@ TABLES = (
 )
 
 
-def _pattern_indexes(schema_editor):
-    """(index name, table, column) of every single-column varchar_pattern_ops index on TABLES."""
+def drop_pattern_indexes(apps, schema_editor):
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT index.relname, tab.relname, attribute.attname
-            FROM pg_index AS ix
-            JOIN pg_class AS index ON index.oid = ix.indexrelid
-            JOIN pg_class AS tab ON tab.oid = ix.indrelid
-            JOIN pg_namespace AS namespace ON namespace.oid = tab.relnamespace
-            JOIN pg_attribute AS attribute ON attribute.attrelid = tab.oid AND attribute.attnum = ix.indkey[0]
-            WHERE namespace.nspname = current_schema() AND tab.relname = ANY(%s) AND ix.indnatts = 1
-              AND pg_get_indexdef(ix.indexrelid) LIKE '%%varchar_pattern_ops%%'
-            """,
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ANY(%s) "
+            "AND indexdef LIKE '%%varchar_pattern_ops%%'",
             [list(TABLES)],
         )
-        return cursor.fetchall()
-
-
-def drop_pattern_indexes(apps, schema_editor):
-    for index, _table, _column in _pattern_indexes(schema_editor):
-        schema_editor.execute(f"DROP INDEX IF EXISTS {schema_editor.quote_name(index)}")
+        names = [name for (name,) in cursor.fetchall()]
+    for name in names:
+        schema_editor.execute(f"DROP INDEX IF EXISTS {schema_editor.quote_name(name)}")
 
 
 def restore_pattern_indexes(apps, schema_editor):
