@@ -4,11 +4,13 @@ and streams sent event by event."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
+from django.core.signals import request_finished
 
 from apps.accounts.models import User
 from apps.accounts.services import api_key_create
@@ -64,6 +66,35 @@ def test_a_json_answer_and_a_json_error(actor):
     assert (ok_status, json.loads(ok_body)["status"]) == (200, "ok")
     assert missing_status == 404
     assert "agent-missing" in json.loads(missing_body)["detail"]
+
+
+def test_requests_run_in_a_thread_kept_between_them():
+    """A request's synchronous part (its view, then its closing) runs in a thread kept for the next
+    request: none is started for each request (nor another to join it, as asgiref's own context does)."""
+    served: list[threading.Thread] = []
+
+    def record(**kwargs: Any) -> None:  # request_finished: sent when the response closes, in its thread
+        served.append(threading.current_thread())
+
+    async def health() -> int:
+        app = ApplicationCommunicator(application, scope("GET", "/v1/health/"))
+        await app.send_input({"type": "http.request", "body": b"", "more_body": False})
+        start = await app.receive_output(timeout=10)
+        while (await app.receive_output(timeout=10)).get("more_body"):
+            pass
+        await app.wait(timeout=10)  # the request's end: its response closed
+        return int(start["status"])
+
+    request_finished.connect(record)
+    try:
+        statuses = [async_to_sync(health)() for _ in range(5)]
+    finally:
+        request_finished.disconnect(record)
+
+    assert statuses == [200] * 5
+    assert len(served) == 5
+    assert all(thread is served[0] for thread in served)
+    assert served[0].name.startswith("request")
 
 
 def test_a_stream_sends_each_event_as_it_comes(actor, fast_streams):

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
+from django.core.signals import request_finished
 from django.db import connection
 
 from apps.agents import services as agent_services
 from apps.agents.models import Run
 from apps.api import throttles
+from apps.core import asgi
 from apps.streams.events import append_event, end_stream
 from apps.streams.hub import get_hub
 from tests.api.test_messages_api import new_agent
@@ -102,8 +104,11 @@ def in_thread(func: Any, *args: Any, **kwargs: Any) -> Any:
     return sync_to_async(func, thread_sensitive=False)(*args, **kwargs)
 
 
-def test_many_blocking_sends_wait_without_a_thread_each(actor, no_worker, settings):
+def test_many_blocking_sends_wait_without_a_thread_each(actor, no_worker, settings, monkeypatch):
     settings.MAX_STREAMS_PER_USER = 0
+    # Request threads given back are kept for later requests, at most `keep` of them: a few here, so what
+    # is counted below is the threads the waits hold, not the ones kept idle.
+    monkeypatch.setattr(asgi.REQUEST_THREADS, "keep", 2)
     agents = [new_agent(actor, name=f"Agent {n}").id for n in range(30)]
     key = key_for(actor)
 
@@ -185,6 +190,38 @@ def test_a_run_failing_on_the_provider_is_a_502_the_sdk_does_not_retry(actor, no
     assert status == 502
     assert headers["x-should-retry"] == "false"
     assert (body["stop_reason"], body["detail"]) == ("llm_api_error", "provider down")
+
+
+def test_a_blocking_send_is_closed_in_a_kept_thread_after_its_wait(actor, no_worker):
+    """The send's thread goes back while the event loop waits for the run; the answer is then closed in a
+    kept thread lent to it, not in one started for the moment."""
+    agent = new_agent(actor)
+    key = key_for(actor)
+    closed_in: list[str] = []
+
+    def record(**kwargs: Any) -> None:  # request_finished: sent when the response closes, in its thread
+        closed_in.append(threading.current_thread().name)
+
+    async def scenario() -> tuple[int, dict[str, str], Any]:
+        app = await send(key, agent.id, "hi")
+        await until(lambda: get_hub().subscriber_count() == 1)
+        [run] = await in_thread(runs_of, actor, [agent.id])
+        await in_thread(work, actor, run, "hello")
+        result = await answer(app)
+        await app.wait(timeout=10)  # the request's end: its response closed
+        await get_hub().aclose()
+        return result
+
+    request_finished.connect(record)
+    try:
+        status, _, body = async_to_sync(scenario)()
+    finally:
+        request_finished.disconnect(record)
+
+    assert status == 200
+    assert [m["content"] for m in body["messages"]] == ["hello"]
+    assert len(closed_in) == 1
+    assert closed_in[0].startswith("request")
 
 
 def test_a_waiting_send_holds_its_stream_slot_until_answered(actor, no_worker, settings):

@@ -1,0 +1,135 @@
+"""The web process's CPU per request, by kind of request, with two checkouts alternated.
+
+`echo ".venv/bin/python -m bench.web_requests --trees /work/main,/work/base" | DATA_DIR=var/bench
+.venv/bin/python scripts/devenv.py shell` (after `devenv.py manage migrate` in that DATA_DIR): each round
+starts the platform from one tree after the other (bench/stack.py: daphne, one Celery worker, the bench LLM
+server; the order reversed every other round), then sends each kind of request back to back from one
+keep-alive client and reads daphne's CPU time (user + system, /proc) around them:
+
+- `health`: `GET /v1/health/` (no authentication, no database);
+- `retrieve`: `GET /v1/agents/{id}` with an API key (authentication, the agent's rows, JSON);
+- `send`: a blocking simple turn, `POST /v1/agents/{id}/messages` (the run's insert, the Celery publish,
+  the wait for its events on the event loop, the answer): the web side of every SDK turn.
+
+Prints, per tree and kind, the median of the rounds' microseconds of web CPU per request and their spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import django
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup()
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from bench import stack, turns  # noqa: E402
+from bench.run import Tenant, log  # noqa: E402
+from bench.stats import machine_speed_ms  # noqa: E402
+
+KINDS = ("health", "retrieve", "send")
+
+
+def web_cpu_s(platform: stack.Platform) -> float:
+    web = next(child for child in platform.children if child.name == "web")
+    times = psutil.Process(web.process.pid).cpu_times()
+    return times.user + times.system
+
+
+def request(client: httpx.Client, kind: str, agent_id: str, index: int) -> None:
+    if kind == "health":
+        response = client.get("/v1/health/")
+    elif kind == "retrieve":
+        response = client.get(f"/v1/agents/{agent_id}")
+    else:
+        body = {"messages": [{"role": "user", "content": turns.turn_text(turns.SIMPLE, index)}]}
+        response = client.post(f"/v1/agents/{agent_id}/messages", json=body)
+    if response.status_code != 200:
+        raise RuntimeError(f"{kind}: {response.status_code} {response.text[:300]}")
+
+
+def one_round(tree: Path, tenant: Tenant, counts: dict[str, int]) -> dict[str, float]:
+    stack.ROOT = tree  # the children run from this checkout (cwd), on the same databases
+    platform = stack.Platform(workers=1, worker_concurrency=2)
+    out: dict[str, float] = {}
+    try:
+        platform.start()
+        agent_id = tenant.agent()
+        headers = {"Authorization": f"Bearer {tenant.api_key}"}
+        with httpx.Client(base_url=platform.web_url, headers=headers, timeout=60) as client:
+            for kind in KINDS:
+                for index in range(20):  # warm: the code paths, the connection pool, prepared statements
+                    request(client, kind, agent_id, index)
+                before = web_cpu_s(platform)
+                for index in range(counts[kind]):
+                    request(client, kind, agent_id, 100 + index)
+                out[kind] = (web_cpu_s(platform) - before) * 1e6 / counts[kind]
+        platform.check_alive()
+    finally:
+        platform.stop()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trees", default=str(ROOT), help="comma-separated checkouts to A/B")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=1000, help="health and retrieve requests a round")
+    parser.add_argument("--sends", type=int, default=300, help="blocking sends a round")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "web-requests.json"))
+    args = parser.parse_args(argv)
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    counts = {"health": args.requests, "retrieve": args.requests, "send": args.sends}
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "speed_at_start_ms": machine_speed_ms(),
+        "config": vars(args),
+        "rounds": {str(t): [] for t in trees},
+    }
+    tenant = Tenant()
+    try:
+        for index in range(args.rounds):
+            for tree in trees if index % 2 == 0 else trees[::-1]:
+                got = one_round(tree, tenant, counts)
+                results["rounds"][str(tree)].append(got)
+                log(
+                    f"{tree.name} round {index + 1}: web CPU us/request "
+                    + json.dumps({k: round(v) for k, v in got.items()})
+                )
+    finally:
+        tenant.delete()
+    results["speed_at_end_ms"] = machine_speed_ms()
+    results["summary"] = {
+        tree: {
+            kind: {
+                "median_us": round(statistics.median(r[kind] for r in rounds)),
+                "spread_us": round(max(r[kind] for r in rounds) - min(r[kind] for r in rounds)),
+            }
+            for kind in KINDS
+        }
+        for tree, rounds in results["rounds"].items()
+        if rounds
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results["summary"], indent=2))
+    print(f"machine speed {results['speed_at_start_ms']} -> {results['speed_at_end_ms']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
