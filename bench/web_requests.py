@@ -11,7 +11,8 @@ keep-alive client and reads daphne's CPU time (user + system, /proc) around them
 - `send`: a blocking simple turn, `POST /v1/agents/{id}/messages` (the run's insert, the Celery publish,
   the wait for its events on the event loop, the answer): the web side of every SDK turn.
 
-Prints, per tree and kind, the median of the rounds' microseconds of web CPU per request and their spread.
+Prints, per tree and kind, the median of the rounds' microseconds of web CPU per request and their spread,
+and PostgreSQL's (`<kind>_postgres`: every backend, so a send's includes its worker's statements).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def web_cpu_s(platform: stack.Platform) -> float:
     return times.user + times.system
 
 
+def postgres_cpu_s() -> float:
+    """PostgreSQL's CPU time so far: the postmaster and every backend (the workers' too)."""
+    return stack.Platform().cpu_seconds()["postgres"]
+
+
 def request(client: httpx.Client, kind: str, agent_id: str, index: int) -> None:
     if kind == "health":
         response = client.get("/v1/health/")
@@ -72,10 +78,11 @@ def one_round(tree: Path, tenant: Tenant, counts: dict[str, int]) -> dict[str, f
             for kind in KINDS:
                 for index in range(20):  # warm: the code paths, the connection pool, prepared statements
                     request(client, kind, agent_id, index)
-                before = web_cpu_s(platform)
+                before, pg_before = web_cpu_s(platform), postgres_cpu_s()
                 for index in range(counts[kind]):
                     request(client, kind, agent_id, 100 + index)
                 out[kind] = (web_cpu_s(platform) - before) * 1e6 / counts[kind]
+                out[f"{kind}_postgres"] = (postgres_cpu_s() - pg_before) * 1e6 / counts[kind]
         platform.check_alive()
     finally:
         platform.stop()
@@ -119,7 +126,7 @@ def main(argv: list[str]) -> int:
                 "median_us": round(statistics.median(r[kind] for r in rounds)),
                 "spread_us": round(max(r[kind] for r in rounds) - min(r[kind] for r in rounds)),
             }
-            for kind in KINDS
+            for kind in (*KINDS, *(f"{kind}_postgres" for kind in KINDS))
         }
         for tree, rounds in results["rounds"].items()
         if rounds

@@ -138,11 +138,14 @@ if DATABASE_POOL_MAX_SIZE > 0:
 # statements every turn: prepared, PostgreSQL's CPU per memory turn fell by about a third (bench/cpu_turn.py).
 # `make run` and the bench turn it on for the Celery workers only (the worker's code is what the tests
 # run with it: DATABASE_SERVER_SIDE_BINDING=true pytest tests/agents).
+# Without it, the few hand-written statements every request runs are still bound on the server and
+# prepared (apps.core.db.prepared_cursor); Django's client-side cursors never prepare. 0: nothing is
+# prepared (Django's default, for a pooler that cannot keep a session's prepared statements).
 DATABASE_SERVER_SIDE_BINDING = env.bool("DATABASE_SERVER_SIDE_BINDING", default=False)
+DATABASE_PREPARE_THRESHOLD = env.int("DATABASE_PREPARE_THRESHOLD", default=2)
+DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = DATABASE_PREPARE_THRESHOLD or None
 if DATABASE_SERVER_SIDE_BINDING:
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        server_side_binding=True, prepare_threshold=env.int("DATABASE_PREPARE_THRESHOLD", default=2)
-    )
+    DATABASES["default"]["OPTIONS"]["server_side_binding"] = True
 
 REDIS_URL = env.str("REDIS_URL")
 # Django's cache, where the API's throttles count: Redis, so that every web process shares the counts.

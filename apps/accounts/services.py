@@ -17,6 +17,7 @@ from apps.accounts.models import ApiKey, Invitation, Membership, Organization, U
 from apps.accounts.selectors import invitation_for_token
 from apps.core import permissions
 from apps.core.actor import Actor, Role
+from apps.core.db import prepared_cursor
 from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
 
@@ -88,8 +89,8 @@ def api_key_authenticate(*, raw_key: str) -> tuple[User, Actor]:
 
     Every API request runs this: the key, its user and the user's role in the key's organisation in one
     statement, written as SQL because the ORM's compilation of that query cost more CPU than the query
-    (~1.1 -> ~0.4 ms per request)."""
-    with connection.cursor() as cursor:
+    (~1.1 -> ~0.4 ms per request), and prepared (prepared_cursor)."""
+    with prepared_cursor() as cursor:
         cursor.execute(_authenticate_sql(), [hash_api_key(raw_key)])
         row = cursor.fetchone()
     if row is None:

@@ -73,7 +73,7 @@ from apps.agents.selectors import (
 from apps.agents.system_messages import save_thread_system_message, without_thread_system_message
 from apps.core import permissions
 from apps.core.actor import Actor
-from apps.core.db import insert_all, release_pooled_connection, row_reader
+from apps.core.db import insert_all, prepared_cursor, release_pooled_connection, row_reader
 from apps.core.errors import Conflict, InvalidInput, NotFound
 from apps.core.permissions import Action
 from apps.llm import client as llm_client
@@ -874,10 +874,10 @@ def _locked_with_last_message_role(
     with `last_message_role`: the role of its last in-context message (None when it has none), and
     `org_max_steps_limit`: its organisation's Organization.max_steps_limit. None when the actor's
     organisation has no such row. Hand-written: every send takes it, and the ORM's compilation of the
-    annotated query cost more than running it."""
+    annotated query cost more than running it; prepared (prepared_cursor)."""
     reader = row_reader(model, "holder", frozenset({"message_ids"}))
     of_agent = " AND holder.agent_id = %s" if agent_id is not None else ""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"SELECT {reader.columns}, (SELECT message.role FROM {Message._meta.db_table} AS message "
             "WHERE message.id = holder.message_ids[cardinality(holder.message_ids)]), "

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, ServerBindingCursor
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from django.db.backends.utils import CursorWrapper
 from django.db.models.constants import OnConflict
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
 from django.db.models.sql.compiler import SQLInsertCompiler  # the base class: no UNNEST (insert_sql)
 from psycopg import _queries as _psycopg_queries  # private: see cache_wide_statements
+from psycopg.pq import Format
 
 M = TypeVar("M", bound=models.Model)
 
@@ -37,6 +43,38 @@ def release_pooled_connection() -> None:
     next query takes one again. Without a pool, or inside a transaction, it does nothing."""
     if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
         connection.close()
+
+
+class PreparingCursor(ServerBindingCursor):
+    """Django's server-binding cursor, keeping each statement where Django's query log (DEBUG,
+    CaptureQueriesContext) reads it: psycopg sets `_query` at every execution but that of a statement it
+    has prepared."""
+
+    def _convert_query(self, query: Any, params: Any = None) -> Any:
+        self._query = converted = super()._convert_query(query, params)
+        return converted
+
+
+@contextlib.contextmanager
+def prepared_cursor() -> Iterator[CursorWrapper]:
+    """Django's cursor, binding its parameters on the server, for the few hand-written statements every
+    request runs (an API key's lookup, a send's locked agent and run): psycopg prepares a statement once
+    it has run `prepare_threshold` times on a connection (DATABASE_PREPARE_THRESHOLD), so PostgreSQL
+    parses and plans it once per connection, not at every request. The web process keeps Django's client-side binding for
+    everything else (DATABASE_SERVER_SIDE_BINDING: some ORM queries fail without it); where binding is
+    on the server already (the workers) this is Django's cursor as it is. Execute wrappers and query
+    logging apply as to any statement."""
+    with connection.cursor() as cursor:
+        inner = cursor.cursor
+        if isinstance(inner, psycopg.ClientCursor):
+            raw = cursor.db.connection
+            server_binding = PreparingCursor(raw)
+            # Django's time zone loader, registered on its cursors when the connection's differs
+            if cursor.db.timezone != raw.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT).timezone:
+                register_tzloader(cursor.db.timezone, server_binding)
+            inner.close()
+            cursor.cursor = server_binding
+        yield cursor
 
 
 def insert_sql(model: type[models.Model], objs: Sequence[models.Model]) -> tuple[str, list[Any]]:
@@ -136,7 +174,8 @@ def insert_all(
     """Insert several models' rows in one statement (data-modifying CTEs): one round trip, atomic by
     itself. `also` are more data-modifying statements (SQL, params) to run in it, e.g. from upsert_sql.
     `then` (SQL, params) is the statement's main part, run with the inserts; its first row is
-    returned. The objects are marked saved, as bulk_create does."""
+    returned. The objects are marked saved, as bulk_create does. Prepared (prepared_cursor): a send's
+    run and a step's rows are statements of the same few shapes every time."""
     inserts = [insert_sql(model, objs) for model, objs in batches if objs] + list(also)
     if then is None:
         if not inserts:
@@ -144,7 +183,7 @@ def insert_all(
         *inserts, then = inserts
     ctes = ", ".join(f"insert_{index} AS ({sql})" for index, (sql, _) in enumerate(inserts))
     main_sql, main_params = then
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"WITH {ctes} {main_sql}" if ctes else main_sql,
             [param for _, params in inserts for param in params] + list(main_params),

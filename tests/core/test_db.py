@@ -2,8 +2,11 @@
 and write what the ORM does."""
 
 from django.db import connection, models
+from rest_framework.test import APIClient
 
+from apps.accounts.services import api_key_create
 from apps.agents.models import Message
+from apps.agents.services import MessageIn, run_create
 from apps.core.db import fetch_instances, insert_sql
 from apps.llm.models import Provider
 from tests.factories import AgentFactory, MessageFactory, ProviderFactory
@@ -228,3 +231,25 @@ def test_a_memory_turns_wide_statements_are_converted_once_by_psycopg(make_agent
 
     assert max(widths) > 50  # the case psycopg leaves out by default
     assert parsed == []
+
+
+def test_the_statements_every_request_runs_are_prepared_on_its_connection(actor, user, make_agent):
+    """With client-side binding (the web process's), an API key's lookup and a send's locked agent and run
+    are still prepared on the connection once repeated (prepared_cursor): PostgreSQL parses and plans them
+    once, not at every request."""
+    agent = make_agent()
+    key = api_key_create(actor=actor, user=user, name="prepared").raw_key
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    for n in range(3):  # past the connection's prepare_threshold (DATABASE_PREPARE_THRESHOLD, 2)
+        assert client.get(f"/v1/agents/{agent.id}").status_code == 200
+        run_create(actor=actor, agent_id=agent.id, messages=[MessageIn(f"hello {n}")])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+
+    assert not connection.settings_dict["OPTIONS"].get("server_side_binding")
+    assert any("FROM accounts_apikey k JOIN" in statement for statement in prepared)
+    assert any("FOR UPDATE OF holder" in statement for statement in prepared)
+    assert any('INSERT INTO "agents_run"' in statement for statement in prepared)
