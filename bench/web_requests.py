@@ -4,7 +4,8 @@
 .venv/bin/python scripts/devenv.py shell` (after `devenv.py manage migrate` in that DATA_DIR): each round
 starts the platform from one tree after the other (bench/stack.py: daphne, one Celery worker, the bench LLM
 server; the order reversed every other round), then sends each kind of request back to back from one
-keep-alive client and reads daphne's CPU time (user + system, /proc) around them:
+keep-alive client (`--clients N`: N at once, each with its agent) and reads daphne's CPU time (user +
+system, /proc) around them:
 
 - `health`: `GET /v1/health/` (no authentication, no database);
 - `retrieve`: `GET /v1/agents/{id}` with an API key (authentication, the agent's rows, JSON);
@@ -22,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,23 +68,39 @@ def request(client: httpx.Client, kind: str, agent_id: str, index: int) -> None:
         raise RuntimeError(f"{kind}: {response.status_code} {response.text[:300]}")
 
 
-def one_round(tree: Path, tenant: Tenant, counts: dict[str, int]) -> dict[str, float]:
+def one_round(tree: Path, tenant: Tenant, counts: dict[str, int], clients: int) -> dict[str, float]:
     stack.ROOT = tree  # the children run from this checkout (cwd), on the same databases
-    platform = stack.Platform(workers=1, worker_concurrency=2)
+    platform = stack.Platform(workers=1, worker_concurrency=max(2, clients))
     out: dict[str, float] = {}
+    headers = {"Authorization": f"Bearer {tenant.api_key}"}
+
+    def requests(kind: str, agent_id: str, indexes: range) -> None:
+        with httpx.Client(base_url=platform.web_url, headers=headers, timeout=60) as client:
+            for index in indexes:
+                request(client, kind, agent_id, index)
+
     try:
         platform.start()
-        agent_id = tenant.agent()
-        headers = {"Authorization": f"Bearer {tenant.api_key}"}
-        with httpx.Client(base_url=platform.web_url, headers=headers, timeout=60) as client:
-            for kind in KINDS:
-                for index in range(20):  # warm: the code paths, the connection pool, prepared statements
-                    request(client, kind, agent_id, index)
+        agent_ids = [tenant.agent() for _ in range(clients)]  # one run at a time per agent
+        for kind in KINDS:
+            # warm (the code paths, the connection pool, prepared statements), then measure: each client
+            # its share of the requests, all at once
+            for first, count in ((0, 20 * clients), (1000, counts[kind])):
+                share = count // clients
+                threads = [
+                    threading.Thread(
+                        target=requests,
+                        args=(kind, agent_id, range(first + n * share, first + (n + 1) * share)),
+                    )
+                    for n, agent_id in enumerate(agent_ids)
+                ]
                 before, pg_before = web_cpu_s(platform), postgres_cpu_s()
-                for index in range(counts[kind]):
-                    request(client, kind, agent_id, 100 + index)
-                out[kind] = (web_cpu_s(platform) - before) * 1e6 / counts[kind]
-                out[f"{kind}_postgres"] = (postgres_cpu_s() - pg_before) * 1e6 / counts[kind]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+            out[kind] = (web_cpu_s(platform) - before) * 1e6 / (share * clients)
+            out[f"{kind}_postgres"] = (postgres_cpu_s() - pg_before) * 1e6 / (share * clients)
         platform.check_alive()
     finally:
         platform.stop()
@@ -97,6 +115,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=1000, help="health and retrieve requests a round")
     parser.add_argument("--sends", type=int, default=300, help="blocking sends a round")
+    parser.add_argument("--clients", type=int, default=1, help="clients sending at once (each its agent)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "web-requests.json"))
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
@@ -111,7 +130,7 @@ def main(argv: list[str]) -> int:
     try:
         for index in range(args.rounds):
             for tree in trees if index % 2 == 0 else trees[::-1]:
-                got = one_round(tree, tenant, counts)
+                got = one_round(tree, tenant, counts, args.clients)
                 results["rounds"][str(tree)].append(got)
                 log(
                     f"{tree.name} round {index + 1}: web CPU us/request "
