@@ -65,10 +65,11 @@ class RequestThread(ThreadPoolExecutor):
 
 class RequestThreads:
     """Idle RequestThreads, lent to requests. Django's ASGIHandler gives every request a context of its own
-    whose thread asgiref starts for it and, when the request ends, joins from yet another new thread: about
-    0.3 ms of CPU a request (bench/web_requests.py). Borrowed and given back on the event loop's thread only.
-    A thread still busy when its request ends (a client that left while its view ran) is not kept, nor one
-    past `keep` idle threads: it ends when its work does."""
+    whose thread asgiref starts for it and, when the request ends, joins from yet another new thread: 0.65
+    ms of daphne's CPU a request, 1.4 ms a blocking send (bench/web_requests.py, bench/RESULTS.md).
+    Borrowed and given back on the event loop's thread. A thread still busy when its request ends (a
+    client that left while its view ran) is not kept, nor one past `keep` idle threads: it ends when its
+    work does."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep

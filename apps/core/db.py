@@ -60,10 +60,10 @@ def prepared_cursor() -> Iterator[CursorWrapper]:
     """Django's cursor, binding its parameters on the server, for the few hand-written statements every
     request runs (an API key's lookup, a send's locked agent and run): psycopg prepares a statement once
     it has run `prepare_threshold` times on a connection (DATABASE_PREPARE_THRESHOLD), so PostgreSQL
-    parses and plans it once per connection, not at every request. The web process keeps Django's client-side binding for
-    everything else (DATABASE_SERVER_SIDE_BINDING: some ORM queries fail without it); where binding is
-    on the server already (the workers) this is Django's cursor as it is. Execute wrappers and query
-    logging apply as to any statement."""
+    parses and plans it once per connection, not at every request. The web process keeps Django's
+    client-side binding for everything else (DATABASE_SERVER_SIDE_BINDING: some ORM queries fail with
+    server-side binding); where binding is on the server already (the workers) this is Django's cursor
+    as it is. Execute wrappers and query logging apply as to any statement."""
     with connection.cursor() as cursor:
         inner = cursor.cursor
         if isinstance(inner, psycopg.ClientCursor):
