@@ -45,7 +45,11 @@ def release_pooled_connection() -> None:
         connection.close()
 
 
-class PreparingCursor(ServerBindingCursor):
+# django-stubs declare ServerBindingCursor as Django's mixin alone, without psycopg's Cursor under it
+_ServerBindingCursor: Any = ServerBindingCursor
+
+
+class PreparingCursor(_ServerBindingCursor):
     """Django's server-binding cursor, keeping each statement where Django's query log (DEBUG,
     CaptureQueriesContext) reads it: psycopg sets `_query` at every execution but that of a statement it
     has prepared."""
