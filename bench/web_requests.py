@@ -8,7 +8,8 @@ keep-alive client (`--clients N`: N at once, each with its agent) and reads daph
 system, /proc) around them:
 
 - `health`: `GET /v1/health/` (no authentication, no database);
-- `retrieve`: `GET /v1/agents/{id}` with an API key (authentication, the agent's rows, JSON);
+- `retrieve`: `GET /v1/agents/{id}` with an API key (authentication, the agent's rows, JSON; httpx's
+  User-Agent is a pre-1.0 client's, so the agent comes with every relationship);
 - `send`: a blocking simple turn, `POST /v1/agents/{id}/messages` (the run's insert, the Celery publish,
   the wait for its events on the event loop, the answer): the web side of every SDK turn.
 
@@ -74,10 +75,15 @@ def one_round(tree: Path, tenant: Tenant, counts: dict[str, int], clients: int) 
     out: dict[str, float] = {}
     headers = {"Authorization": f"Bearer {tenant.api_key}"}
 
+    failures: list[BaseException] = []
+
     def requests(kind: str, agent_id: str, indexes: range) -> None:
-        with httpx.Client(base_url=platform.web_url, headers=headers, timeout=60) as client:
-            for index in indexes:
-                request(client, kind, agent_id, index)
+        try:
+            with httpx.Client(base_url=platform.web_url, headers=headers, timeout=60) as client:
+                for index in indexes:
+                    request(client, kind, agent_id, index)
+        except BaseException as exc:  # raised after the join: a figure over failed requests is no figure
+            failures.append(exc)
 
     try:
         platform.start()
@@ -99,6 +105,8 @@ def one_round(tree: Path, tenant: Tenant, counts: dict[str, int], clients: int) 
                     thread.start()
                 for thread in threads:
                     thread.join()
+                if failures:
+                    raise failures[0]
             out[kind] = (web_cpu_s(platform) - before) * 1e6 / (share * clients)
             out[f"{kind}_postgres"] = (postgres_cpu_s() - pg_before) * 1e6 / (share * clients)
         platform.check_alive()
