@@ -11,7 +11,8 @@ system, /proc) around them:
 - `retrieve`: `GET /v1/agents/{id}` with an API key (authentication, the agent's rows, JSON; httpx's
   User-Agent is a pre-1.0 client's, so the agent comes with every relationship);
 - `send`: a blocking simple turn, `POST /v1/agents/{id}/messages` (the run's insert, the Celery publish,
-  the wait for its events on the event loop, the answer): the web side of every SDK turn.
+  the wait for its events on the event loop, the answer): the web side of every SDK turn;
+- `stream`: the same turn streamed with `stream_tokens` (`POST .../messages/stream`), read to `[DONE]`.
 
 Prints, per tree and kind, the median of the rounds' microseconds of web CPU per request and their spread,
 and PostgreSQL's (`<kind>_postgres`: every backend, so a send's includes its worker's statements).
@@ -43,7 +44,7 @@ from bench import stack, turns  # noqa: E402
 from bench.run import Tenant, log  # noqa: E402
 from bench.stats import machine_speed_ms  # noqa: E402
 
-KINDS = ("health", "retrieve", "send")
+KINDS = ("health", "retrieve", "send", "stream")
 
 
 def web_cpu_s(platform: stack.Platform) -> float:
@@ -62,6 +63,15 @@ def request(client: httpx.Client, kind: str, agent_id: str, index: int) -> None:
         response = client.get("/v1/health/")
     elif kind == "retrieve":
         response = client.get(f"/v1/agents/{agent_id}")
+    elif kind == "stream":
+        body = {
+            "messages": [{"role": "user", "content": turns.turn_text(turns.SIMPLE, index)}],
+            "stream_tokens": True,
+        }
+        with client.stream("POST", f"/v1/agents/{agent_id}/messages/stream", json=body) as response:
+            text = "".join(response.iter_text())
+        if response.status_code == 200 and not text.rstrip().endswith("data: [DONE]"):
+            raise RuntimeError(f"stream: no [DONE] in {text[-300:]!r}")
     else:
         body = {"messages": [{"role": "user", "content": turns.turn_text(turns.SIMPLE, index)}]}
         response = client.post(f"/v1/agents/{agent_id}/messages", json=body)
@@ -122,12 +132,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--trees", default=str(ROOT), help="comma-separated checkouts to A/B")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=1000, help="health and retrieve requests a round")
-    parser.add_argument("--sends", type=int, default=300, help="blocking sends a round")
+    parser.add_argument("--sends", type=int, default=300, help="blocking sends (and streams) a round")
     parser.add_argument("--clients", type=int, default=1, help="clients sending at once (each its agent)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "web-requests.json"))
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
-    counts = {"health": args.requests, "retrieve": args.requests, "send": args.sends}
+    counts = {"health": args.requests, "retrieve": args.requests, "send": args.sends, "stream": args.sends}
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "speed_at_start_ms": machine_speed_ms(),
