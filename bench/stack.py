@@ -90,10 +90,10 @@ class Platform:
     worker_concurrency: int = 4
     worker_pool: str = "threads"
     log_level: str = "WARNING"
-    # Under daphne every request runs in a thread of its own, so Django's persistent connections
-    # (DATABASE_CONN_MAX_AGE, 300 s by default) are never reused and pile up until PostgreSQL refuses
-    # new clients (see bench/RESULTS.md). daphne gets a connection pool of this size, as `make run`
-    # gives it; "0": no pool, a new connection per request (web_conn_max_age then applies).
+    # Under daphne requests run in as many threads as are served at once, each with its own Django
+    # persistent connection (DATABASE_CONN_MAX_AGE, 300 s by default): without a bound they piled up
+    # until PostgreSQL refused new clients (see bench/RESULTS.md). daphne gets a connection pool of
+    # this size, as `make run` gives it; "0": no pool (web_conn_max_age then applies).
     web_db_pool: str = "16"
     web_conn_max_age: str = "0"
     children: list[Child] = field(default_factory=list)

@@ -122,7 +122,8 @@ if DATABASE_TCP_TIMEOUT > 0:
         )
     )
 # A connection pool (psycopg_pool) of at most this many connections instead: for the web process, where
-# under ASGI every request runs in a thread of its own, so persistent connections are never reused
+# under ASGI requests run in as many threads as are served at once (apps/core/asgi.py keeps up to 64 idle),
+# each with its own persistent connection, so a burst would open one a request and keep dozens
 # (`make run` sets it for daphne from WEB_DATABASE_POOL_MAX_SIZE). 0: no pool.
 DATABASE_POOL_MAX_SIZE = env.int("DATABASE_POOL_MAX_SIZE", default=0)
 if DATABASE_POOL_MAX_SIZE > 0:

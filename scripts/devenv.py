@@ -303,9 +303,9 @@ def run_platform() -> int:
             str(data_dir() / "celerybeat-schedule"),
         ],
     }
-    # Under ASGI every request runs in a thread of its own, so a persistent connection is never reused
-    # and idle ones pile up until PostgreSQL refuses clients (bench/RESULTS.md): the web process takes
-    # its connections from a pool; workers keep theirs (persistent connections).
+    # Under ASGI requests run in as many threads as are served at once, each with its own persistent
+    # connection, and idle ones piled up until PostgreSQL refused clients (bench/RESULTS.md): the web
+    # process takes its connections from a pool; workers keep theirs (persistent connections).
     web_env = {**os.environ, "DATABASE_POOL_MAX_SIZE": os.environ.get("WEB_DATABASE_POOL_MAX_SIZE", "16")}
     # Workers repeat the same statements every turn: prepared (server-side binding), PostgreSQL plans
     # them once per connection (config/settings.py).
